@@ -1,0 +1,248 @@
+"""Every setting of rn50-mx, in one typed object, read from one place.
+
+Precedence: a CLI flag beats the environment, which beats the default below. Flags keep the names of the
+reference's `train_imagenet.py` (`--batch-size`, `--lr`, `--dali-threads`, ...); environment variables keep the
+names its `config_<SYSTEM>.sh` files export (BATCHSIZE, LR, DALI_THREADS, ...). No other module reads
+`os.environ`. Defaults are the NF5688M6 recipe (spec §1) on the portable CPU path (fp32, NCHW).
+"""
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .errors import InputError
+
+
+class SettingsError(InputError):
+    """A bad setting; the message is one line naming the variable or flag and the problem."""
+
+
+def _opt(default, help, env=None, choices=None, low=None, high=None):
+    """Declare a setting: its default, help line, reference env name, allowed values and closed range."""
+    return field(default=default,
+                 metadata=dict(help=help, env=env, choices=choices, low=low, high=high))
+
+
+@dataclass(frozen=True)
+class Settings:
+    # --- data -----------------------------------------------------------------------------------
+    data_train: str = _opt("", "train .rec file", env="DATA_TRAIN")
+    data_train_idx: str = _opt("", "train .idx file (default: the .rec path with .idx)")
+    data_val: str = _opt("", "val .rec file", env="DATA_VAL")
+    data_val_idx: str = _opt("", "val .idx file (default: the .rec path with .idx)")
+    num_classes: int = _opt(1000, "number of classes", env="NUM_CLASSES", low=2)
+    num_examples: int = _opt(0, "train images per epoch for the schedule; 0 = size of the train .rec",
+                             env="NUMEXAMPLES", low=0)
+    image_shape: str = _opt("3,224,224", "C,H,W of the network input; C=4 adds a zero channel",
+                            env="IMAGE_SHAPE")
+    val_resize: int = _opt(256, "val: shorter side before the centre crop (scaled when H is not 224)",
+                           env="VAL_RESIZE", low=1)
+    min_random_area: float = _opt(0.05, "train crop: smallest area fraction", env="MIN_RANDOM_AREA",
+                                  low=0.0, high=1.0)
+    max_random_area: float = _opt(1.0, "train crop: largest area fraction", env="MAX_RANDOM_AREA",
+                                  low=0.0, high=1.0)
+    min_random_aspect_ratio: float = _opt(0.75, "train crop: smallest aspect ratio", low=0.0)
+    max_random_aspect_ratio: float = _opt(4 / 3, "train crop: largest aspect ratio", low=0.0)
+    synthetic: bool = _opt(False, "feed constant random batches instead of reading data (the I/O ceiling)",
+                           env="SYNTHETIC")
+
+    # --- DALI (spec §4, §8) ----------------------------------------------------------------------
+    device: str = _opt("cpu", "where DALI and the model run", env="DEVICE", choices=("cpu", "gpu"))
+    dali_threads: int = _opt(3, "DALI CPU threads per pipeline", env="DALI_THREADS", low=1)
+    dali_prefetch_queue: int = _opt(2, "DALI prefetch queue depth", env="DALI_PREFETCH_QUEUE", low=1)
+    dali_hw_decoder_load: float = _opt(0.0, "share of val JPEGs sent to the A100 HW decoder",
+                                       env="DALI_HW_DECODER_LOAD", low=0.0, high=1.0)
+    dali_nvjpeg_memory_padding: int = _opt(64, "nvJPEG host/device memory padding, MiB",
+                                           env="DALI_NVJPEG_MEMPADDING", low=0)
+    dali_preallocate_width: int = _opt(0, "HW decoder preallocation width hint",
+                                       env="DALI_PREALLOCATE_WIDTH", low=0)
+    dali_preallocate_height: int = _opt(0, "HW decoder preallocation height hint",
+                                        env="DALI_PREALLOCATE_HEIGHT", low=0)
+    dali_roi_decode: bool = _opt(True, "fused decode + random crop (False: decode, then random_resized_crop)",
+                                 env="DALI_ROI_DECODE")
+    dali_cache_size: int = _opt(0, "decoded-image cache per pipeline, MB (GPU only; 0 = off)",
+                                env="DALI_CACHE_SIZE", low=0)
+    dali_dont_use_mmap: bool = _opt(False, "read the .rec with plain reads instead of mmap (lustre: 1)",
+                                    env="DALI_DONT_USE_MMAP")
+    dali_initial_fill: int = _opt(1024, "reader shuffle buffer", env="DALI_INITIAL_FILL", low=1)
+    dali_stick_to_shard: bool = _opt(False, "each rank keeps its shard every epoch", env="DALI_STICK_TO_SHARD")
+    dali_num_attempts: int = _opt(10, "random crop attempts before the fallback", env="DALI_NUM_ATTEMPTS",
+                                  low=1)
+    dali_tmp_buffer_hint: int = _opt(25273239, "resize temp buffer hint, bytes", env="DALI_TMP_BUFFER_HINT",
+                                     low=0)
+    dali_decoder_buffer_hint: int = _opt(1315942, "decoder bytes per sample hint",
+                                         env="DALI_DECODER_BUFFER_HINT", low=0)
+    dali_crop_buffer_hint: int = _opt(165581, "crop/resize bytes per sample hint",
+                                      env="DALI_CROP_BUFFER_HINT", low=0)
+    dali_normalize_buffer_hint: int = _opt(441549, "normalize bytes per sample hint",
+                                           env="DALI_NORMALIZE_BUFFER_HINT", low=0)
+
+    # --- model ------------------------------------------------------------------------------------
+    dtype: str = _opt("float32", "compute precision (float16 keeps fp32 master weights)", env="DTYPE",
+                      choices=("float32", "float16"))
+    input_layout: str = _opt("NCHW", "tensor layout (MXNet CPU convolutions need NCHW)", env="INPUT_LAYOUT",
+                             choices=("NCHW", "NHWC"))
+    bn_gamma_init0: bool = _opt(False, "zero-initialise the last BN gamma of each block", env="BN_GAMMA_INIT0")
+    batchnorm_eps: float = _opt(1e-5, "BatchNorm epsilon", low=0.0)
+    batchnorm_mom: float = _opt(0.9, "BatchNorm running-statistics momentum", low=0.0, high=1.0)
+
+    # --- optimizer and schedule (spec §10) ----------------------------------------------------------
+    optimizer: str = _opt("sgdwfastlars", "lars (alias sgdwfastlars) or sgd (momentum)", env="OPTIMIZER",
+                          choices=("sgdwfastlars", "lars", "sgd"))
+    batch_size: int = _opt(408, "images per process per step", env="BATCHSIZE", low=1)
+    lr: float = _opt(10.5, "peak learning rate, reached after warmup", env="LR", low=0.0)
+    end_lr: float = _opt(1e-4, "learning rate at the end of the poly decay", env="END_LR", low=0.0)
+    lr_step_epochs: str = _opt("pow2", "schedule: warmup + polynomial decay of power 2", env="LRSCHED",
+                               choices=("pow2",))
+    warmup_epochs: float = _opt(2.0, "linear warmup length, epochs", env="WARMUP_EPOCHS", low=0.0)
+    num_epochs: int = _opt(37, "schedule horizon and epoch limit", env="NUMEPOCHS", low=1)
+    mom: float = _opt(0.9, "momentum", env="MOM", low=0.0, high=1.0)
+    wd: float = _opt(5e-5, "weight decay (not on BN parameters and biases)", env="WD", low=0.0)
+    lars_eta: float = _opt(0.001, "LARS trust coefficient", env="LARSETA", low=0.0)
+    lars_eps: float = _opt(0.0, "LARS epsilon", env="LARSEPS", low=0.0)
+    label_smoothing: float = _opt(0.1, "label smoothing of the loss", env="LABELSMOOTHING", low=0.0, high=0.999)
+
+    # --- evaluation and stop (spec §12) -------------------------------------------------------------
+    eval_period: int = _opt(4, "evaluate every N epochs", env="EVAL_PERIOD", low=1)
+    eval_offset: int = _opt(2, "first eval after epoch offset+1 (0-based offset)", env="EVAL_OFFSET", low=0)
+    accuracy_threshold: float = _opt(0.759, "stop when top-1 reaches this", env="ACCURACY_THRESHOLD",
+                                     low=0.0, high=1.0)
+
+    # --- run ----------------------------------------------------------------------------------------
+    seed: Optional[int] = _opt(None, "base seed (default: drawn at random and logged)", env="SEED",
+                               low=0, high=2**31 - 1)
+    kv_store: str = _opt("device", "horovod for one process per device; anything else is one process",
+                         env="KVSTORE", choices=("device", "local", "horovod"))
+    disp_batches: int = _opt(20, "progress line every N steps", env="DISP_BATCHES", low=1)
+    cache_cleared: bool = _opt(False, "the launcher dropped the page cache before this run (logged as cache_clear)",
+                               env="CACHE_CLEARED")
+    mllog_file: str = _opt("", "also write the MLPerf log to this file", env="MLLOG_FILE")
+    submission_org: str = _opt("rn50-mx", "MLPerf submission_org", env="SUBMISSION_ORG")
+    dgxsystem: str = _opt("CPU", "system name, as in config/<SYSTEM>.sh", env="DGXSYSTEM")
+    dgxnnodes: int = _opt(1, "number of nodes", env="DGXNNODES", low=1)
+    dgxngpu: int = _opt(1, "processes (devices) per node", env="DGXNGPU", low=1)
+
+    # --- derived values -------------------------------------------------------------------------------
+    @property
+    def image_chw(self):
+        """(C, H, W) parsed from image_shape."""
+        return tuple(int(v) for v in self.image_shape.split(","))
+
+    @property
+    def is_lars(self):
+        return self.optimizer in ("lars", "sgdwfastlars")
+
+    def idx_path(self, rec):
+        """The .idx that goes with a .rec when none is given."""
+        return os.path.splitext(rec)[0] + ".idx"
+
+    def replace(self, **changes):
+        """A copy with some fields changed, validated like the original."""
+        new = dataclasses.replace(self, **changes)
+        validate(new)
+        return new
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+# Prefixes that belong to this tool: an unknown name with one of them is a typo, not someone else's variable.
+OWNED_ENV_PREFIXES = ("DALI_", "RN50_")
+
+
+def flag_name(name):
+    return "--" + name.replace("_", "-")
+
+
+def _convert(f, text, source):
+    """Turn a flag or environment string into the field's type, or raise a one-line SettingsError."""
+    kind = f.type
+    if kind == Optional[int]:
+        kind = int
+    try:
+        if kind is bool:
+            lowered = text.strip().lower()
+            if lowered not in ("0", "1", "true", "false", "yes", "no"):
+                raise ValueError
+            return lowered in ("1", "true", "yes")
+        return kind(text)
+    except ValueError:
+        raise SettingsError(f"{source}={text!r}: expected {kind.__name__}") from None
+
+
+def _check(f, value, source):
+    meta = f.metadata
+    if value is None:
+        return
+    if meta["choices"] and value not in meta["choices"]:
+        raise SettingsError(f"{source}={value!r}: must be one of {', '.join(meta['choices'])}")
+    if meta["low"] is not None and value < meta["low"]:
+        raise SettingsError(f"{source}={value!r}: must be >= {meta['low']}")
+    if meta["high"] is not None and value > meta["high"]:
+        raise SettingsError(f"{source}={value!r}: must be <= {meta['high']}")
+
+
+def validate(s):
+    """Checks across fields that one field's range cannot express."""
+    for f in FIELDS.values():
+        _check(f, getattr(s, f.name), flag_name(f.name))
+    chw = s.image_shape.split(",")
+    if len(chw) != 3 or not all(v.isdigit() and int(v) > 0 for v in chw) or int(chw[0]) not in (3, 4):
+        raise SettingsError(f"--image-shape={s.image_shape!r}: expected C,H,W with C 3 or 4")
+    if s.min_random_area > s.max_random_area:
+        raise SettingsError("--min-random-area is larger than --max-random-area")
+    if s.min_random_aspect_ratio > s.max_random_aspect_ratio:
+        raise SettingsError("--min-random-aspect-ratio is larger than --max-random-aspect-ratio")
+    if s.eval_offset >= s.eval_period:
+        raise SettingsError(f"--eval-offset={s.eval_offset}: must be below --eval-period={s.eval_period}")
+    if s.warmup_epochs >= s.num_epochs:
+        raise SettingsError(f"--warmup-epochs={s.warmup_epochs}: must be below --num-epochs={s.num_epochs}")
+    if s.input_layout == "NHWC" and s.device == "cpu":
+        raise SettingsError("--input-layout=NHWC: MXNet's CPU convolutions need NCHW; NHWC is the GPU layout")
+
+
+def from_environ(environ):
+    """Settings values given by reference-named environment variables; unknown owned names are refused."""
+    by_env = {f.metadata["env"]: f for f in FIELDS.values() if f.metadata["env"]}
+    values = {}
+    for name, text in environ.items():
+        if name in by_env:
+            if text == "":
+                continue
+            f = by_env[name]
+            values[f.name] = _convert(f, text, name)
+            _check(f, values[f.name], name)
+        elif name.startswith(OWNED_ENV_PREFIXES):
+            raise SettingsError(f"{name}: unknown variable (known: {', '.join(sorted(k for k in by_env if k.startswith(name[:5])))})")
+    return values
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise SettingsError(message)
+
+
+def _parser(prog):
+    parser = _Parser(prog=prog, description="MLPerf ResNet-50 training with MXNet Gluon, DALI and Horovod")
+    for f in FIELDS.values():
+        env = f.metadata["env"]
+        help_text = f.metadata["help"] + (f" [env {env}]" if env else "") + f" (default {f.default})"
+        parser.add_argument(flag_name(f.name), dest=f.name, metavar=f.name.upper(), default=None,
+                            help=help_text)
+    return parser
+
+
+def load(argv=None, environ=None, prog="rn50_mx.train"):
+    """Settings from defaults, then `environ` (default os.environ), then CLI flags `argv`."""
+    environ = os.environ if environ is None else environ
+    values = from_environ(environ)
+    flags = vars(_parser(prog).parse_args([] if argv is None else argv))
+    for name, text in flags.items():
+        if text is not None:
+            values[name] = _convert(FIELDS[name], text, flag_name(name))
+    settings = Settings(**values)
+    validate(settings)
+    return settings
+
+
+def help_text(prog="rn50_mx.train"):
+    return _parser(prog).format_help()

@@ -1,0 +1,341 @@
+"""Time to train and MLPerf score of a set of ResNet-50 training logs, with the official checkers' verdicts.
+
+    python -m rn50_mx.timing results/                  # table of the runs + score verdict
+    python -m rn50_mx.timing results/ --rcp            # also the RCP check of the convergence epochs
+    python -m rn50_mx.timing a.log b.log --json        # JSON instead of the table
+    python -m rn50_mx.timing results/ --plot runs.png  # top-1 and images/s per epoch of each run
+
+A directory stands for its `*.log` and `result_*.txt` files. Only the `:::MLLOG` lines count, read with
+mlperf_logging's own parser; MLLOG lines it cannot parse are skipped and counted, and the compliance
+checker fails such a run. Time to train, the olympic mean and the drop rule are the result summarizer's:
+a run that did not end `success` or fails the compliance check is dropped as the slowest; one such run
+is tolerated, two make the result invalid. The score needs exactly 5 runs, as the package checker does.
+"""
+import argparse
+import contextlib
+import glob
+import json
+import logging
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+from mlperf_logging.benchmark_meta import get_result_file_counts
+from mlperf_logging.compliance_checker import mlp_compliance
+from mlperf_logging.compliance_checker.mlp_parser import parse_file
+from mlperf_logging.rcp_checker import rcp_checker
+from mlperf_logging.result_summarizer import result_summarizer
+
+from .errors import InputError, run_cli
+
+USAGE = "training"
+BENCHMARK = "resnet"
+RUNS_NEEDED = get_result_file_counts(USAGE)[BENCHMARK]  # 5
+MAX_DROPPED = 1  # result summarizer and package checker: one dropped run per benchmark (4 for unet3d only)
+TARGET_TOP1 = 0.759  # closed_resnet.yaml: some eval_accuracy must reach it
+# training_policies PR #503: runs faster than the RCP mean are scaled to it from the v2.1 round on; the
+# installed RCP checker computes the factor for every ruleset, so older rulesets must not apply it.
+NORMALIZED_FROM = "2.1.0"
+
+
+@dataclass
+class Run:
+    """What one log says about its run, and the compliance checker's verdict on it."""
+    path: str
+    minutes: Optional[float]  # run_stop - run_start as the result summarizer computes it; None without run_stop
+    status: str  # run_stop's status (success / aborted), or "missing"
+    converged_epoch: Optional[int]  # epoch_num of the last eval before run_stop success
+    top1: Optional[float]  # the last eval_accuracy
+    seed: Optional[int]
+    batch_size: Optional[int]  # global_batch_size
+    benchmark: Optional[str]  # submission_benchmark
+    unparsed_lines: int
+    evals: list  # [epoch, top-1] per eval
+    throughput: list  # [epoch, images/s] per epoch
+    compliance: str = ""  # SUCCESS / FAILED
+    compliance_reason: str = ""  # the checker's first complaint, on one line
+
+    @property
+    def counted(self):
+        """Whether the score counts this run; otherwise it is dropped as the slowest."""
+        return self.status == "success" and self.compliance == "SUCCESS"
+
+
+@dataclass
+class RcpVerdict:
+    """The RCP checker's verdict on the runs' convergence epochs."""
+    passed: Optional[bool]  # None: the checker was not run (message says why)
+    message: str  # the checker's own words: RCP found / RCP Interpolation / Insufficient convergence / ...
+    rcp_mean: Optional[float] = None  # reference runs' olympic mean epochs at this batch size (None: interpolated)
+    min_epochs: Optional[float] = None  # the lowest runs' mean the checker's t-test accepts
+    runs_mean: Optional[float] = None  # olympic mean epochs of these runs
+    norm_factor: float = 1.0  # the score is multiplied by it when the runs converge faster than the RCP mean
+
+
+def find_logs(paths):
+    """The log files named in `paths`, a directory standing for its *.log and result_*.txt files."""
+    found = []
+    for path in paths:
+        if os.path.isdir(path):
+            inside = sorted(glob.glob(os.path.join(path, "*.log")) + glob.glob(os.path.join(path, "result_*.txt")))
+            if not inside:
+                raise InputError(f"{path}: directory has no *.log or result_*.txt files")
+            found += inside
+        elif os.path.isfile(path):
+            found.append(path)
+        else:
+            raise InputError(f"{path}: no such file or directory")
+    return list(dict.fromkeys(found))
+
+
+def images_per_second(key, value, meta, epoch):
+    """(epoch, images/s) of a `throughput` line (value images/s; epoch from metadata epoch_num, else the
+    current one, as in the v1.0 logs) or a `tracked_stats` line (value {"imgs_sec": x}, metadata step)."""
+    if key == "throughput" and isinstance(value, (int, float)):
+        return meta.get("epoch_num", epoch), float(value)
+    if key == "tracked_stats" and isinstance(value, dict) and "imgs_sec" in value:
+        return meta.get("step", epoch), float(value["imgs_sec"])
+    return None, None
+
+
+def read_run(path, ruleset):
+    """One run's figures from its MLLOG lines, up to the first run_stop."""
+    try:
+        lines, unparsed = parse_file(path, ruleset=ruleset)
+    except (KeyError, TypeError) as err:  # the parser gives up on JSON without key or time_ms
+        raise InputError(f"{path}: malformed MLLOG line ({type(err).__name__}: {err})") from None
+    if not lines:
+        raise InputError(f"{path}: no :::MLLOG lines")
+    if not any(line.key == "run_start" for line in lines):
+        raise InputError(f"{path}: no run_start in its MLLOG lines")
+    first, evals, speed, epoch, status = {}, [], {}, None, "missing"
+    for line in lines:
+        value, meta = line.value["value"], line.value["metadata"] or {}
+        first.setdefault(line.key, value)
+        if line.key in ("epoch_start", "epoch_stop"):
+            epoch = meta.get("epoch_num", epoch)
+        if line.key == "eval_accuracy":
+            evals.append([meta.get("epoch_num"), value])
+        point_epoch, rate = images_per_second(line.key, value, meta, epoch)
+        if point_epoch is not None:
+            speed[point_epoch] = rate  # throughput and tracked_stats repeat each other in the v1.0 logs
+        if line.key == "run_stop":
+            status = meta.get("status", "no status")
+            break
+    return Run(
+        path=path,
+        minutes=None if status == "missing" else result_summarizer._query_mlperf_strong_scaling_score(lines),
+        status=status,
+        converged_epoch=evals[-1][0] if status == "success" and evals else None,
+        top1=evals[-1][1] if evals else None,
+        seed=first.get("seed"),
+        batch_size=first.get("global_batch_size"),
+        benchmark=first.get("submission_benchmark"),
+        unparsed_lines=len(unparsed),
+        evals=evals,
+        throughput=[[e, speed[e]] for e in sorted(speed)],
+    )
+
+
+@contextlib.contextmanager
+def checkers_muted():
+    """The checkers log every complaint to the root logger; we print a one-line summary instead."""
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def summarize_complaints(complaints):
+    """The first complaint on one line (its headline and failed test), and how many more there are."""
+    lines = complaints[0].splitlines()
+    text = " ".join([lines[0]] + [line for line in lines if line.startswith("failed test:")])
+    return text + (f" (+{len(complaints) - 1} more)" if len(complaints) > 1 else "")
+
+
+def check_compliance(path, ruleset):
+    """The official compliance checker, in-process: ("SUCCESS", "") or ("FAILED", the reason on one line)."""
+    checker = mlp_compliance.make_checker(USAGE, ruleset, quiet=True, werror=False)
+    try:
+        with checkers_muted():
+            valid, *_ = mlp_compliance.main(path, f"{USAGE}_{ruleset}/common.yaml", checker)
+    except Exception as err:  # some malformed values crash its rules, e.g. an eval_accuracy of null
+        mlp_compliance.enqueued_configs.clear()  # its module-level queue of rule files, left half-consumed
+        return "FAILED", f"the checker crashed: {type(err).__name__}: {err}"
+    if valid:
+        return "SUCCESS", ""
+    return "FAILED", summarize_complaints(list(checker.overwritable.values()) + checker.not_overwritable)
+
+
+def drop_reason(run):
+    """Why the score drops this run."""
+    return f"run_stop {run.status}" if run.status != "success" else "failed the compliance check"
+
+
+def score(runs):
+    """The MLPerf score in minutes (None when there is none) and a one-line verdict saying why."""
+    if len(runs) != RUNS_NEEDED:
+        return None, f"no score: ResNet-50 is scored on exactly {RUNS_NEEDED} runs, got {len(runs)}"
+    dropped = [run for run in runs if not run.counted]
+    why = "; ".join(f"{os.path.basename(run.path)}: {drop_reason(run)}" for run in dropped)
+    if len(dropped) > MAX_DROPPED:
+        return None, f"invalid: {len(dropped)} runs dropped, at most {MAX_DROPPED} allowed ({why})"
+    minutes = result_summarizer._compute_olympic_average(
+        [run.minutes for run in runs if run.counted], len(dropped), MAX_DROPPED)
+    if dropped:
+        return minutes, f"valid: olympic mean, one run dropped as the slowest ({why}) and the fastest dropped"
+    return minutes, "valid: olympic mean (fastest and slowest dropped)"
+
+
+def check_rcp(runs, ruleset):
+    """The official RCP checker on the runs, laid out as the result_*.txt folder it expects."""
+    rcp_file = os.path.join(os.path.dirname(rcp_checker.__file__), f"{USAGE}_{ruleset}", f"rcps_{BENCHMARK}.json")
+    if not os.path.isfile(rcp_file):
+        return RcpVerdict(None, f"mlperf_logging has no ResNet RCPs for ruleset {ruleset}")
+    if len(runs) != RUNS_NEEDED:
+        return RcpVerdict(None, f"needs exactly {RUNS_NEEDED} runs, got {len(runs)}")
+    if any(run.benchmark != BENCHMARK for run in runs):
+        return RcpVerdict(None, f"every log must say submission_benchmark {BENCHMARK}")
+    with tempfile.TemporaryDirectory() as folder, checkers_muted():
+        for i, run in enumerate(runs, 1):
+            os.symlink(os.path.abspath(run.path), os.path.join(folder, f"result_{i}.txt"))
+        passed, message, norm = rcp_checker.check_directory(
+            folder, USAGE, ruleset, verbose=False, bert_train_samples=False, rcp_pass="pruned_rcps")
+    verdict = RcpVerdict(passed, message, norm_factor=norm)
+    record = rcp_checker.RCP_Checker(USAGE, ruleset, BENCHMARK, False)._find_rcp(runs[0].batch_size, "pruned_rcps")
+    if record:
+        verdict.rcp_mean, verdict.min_epochs = record["RCP Mean"], record["Min Epochs"]
+    epochs = [run.converged_epoch for run in runs if run.converged_epoch is not None]
+    if len(runs) - len(epochs) <= MAX_DROPPED:
+        verdict.runs_mean = result_summarizer._compute_olympic_average(epochs, len(runs) - len(epochs), MAX_DROPPED)
+    return verdict
+
+
+def display_names(paths):
+    """Paths relative to their common folder, so the runs of one directory show as bare file names."""
+    base = os.path.commonpath([os.path.dirname(os.path.abspath(path)) for path in paths])
+    return [os.path.relpath(os.path.abspath(path), base) for path in paths]
+
+
+def build_report(runs, ruleset, with_rcp):
+    """Everything the table, the JSON and the plot show."""
+    minutes, verdict = score(runs)
+    report = {
+        "ruleset": ruleset,
+        "runs": [dict(name=name, **asdict(run), counted=run.counted)
+                 for name, run in zip(display_names([run.path for run in runs]), runs)],
+        "score": {"minutes": minutes, "verdict": verdict},
+        "rcp": None,
+    }
+    if with_rcp:
+        rcp = check_rcp(runs, ruleset)
+        faster = rcp.passed and rcp.norm_factor > 1
+        applies = bool(faster and rcp_checker.is_version_at_least(ruleset, NORMALIZED_FROM))
+        report["rcp"] = dict(asdict(rcp), normalization_applies=applies,
+                             normalized_minutes=minutes * rcp.norm_factor if applies and minutes else None)
+    return report
+
+
+def number(value, fmt):
+    """`value` formatted, or "-" when it is missing."""
+    return "-" if value is None else format(value, fmt)
+
+
+def columns(rows):
+    """Rows of cells as aligned text: the first column (names) to the left, the others to the right."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join([row[0].ljust(widths[0])] + [cell.rjust(w) for cell, w in zip(row[1:], widths[1:])])
+            for row in rows]
+
+
+def format_rcp(rcp, ruleset):
+    """The RCP verdict on one line."""
+    verdict = {True: "PASS", False: "FAIL", None: "NOT RUN"}[rcp["passed"]]
+    text = f"RCP check: {verdict} ({rcp['message']})"
+    if rcp["rcp_mean"] is not None:
+        text += f"; RCP mean {rcp['rcp_mean']:.3f} epochs, lowest accepted {rcp['min_epochs']:.3f}"
+    if rcp["runs_mean"] is not None:
+        text += f"; runs' mean {rcp['runs_mean']:.3f}"
+    if rcp["normalization_applies"]:
+        minutes = number(rcp["normalized_minutes"], ".3f")
+        return text + f"; normalization applies: x{rcp['norm_factor']:.4f} -> {minutes} min"
+    if rcp["passed"] and rcp["norm_factor"] > 1:
+        return text + (f"; no normalization in ruleset {ruleset} (the checker's x{rcp['norm_factor']:.4f} "
+                       f"applies from {NORMALIZED_FROM})")
+    return text + "; no normalization" if rcp["passed"] is not None else text
+
+
+def format_report(report):
+    """The runs as a table, then the checker's reasons for failed runs, the score and the RCP verdict."""
+    table = [["run", "minutes", "status", "conv.epoch", "top-1", "seed", f"checker {report['ruleset']}"]]
+    table += [[run["name"], number(run["minutes"], ".3f"), run["status"], number(run["converged_epoch"], ""),
+               number(run["top1"], ".4f"), number(run["seed"], ""), run["compliance"]] for run in report["runs"]]
+    rows = columns(table)
+    for run in report["runs"]:
+        if run["compliance_reason"]:
+            rows.append(f"{run['name']}: {run['compliance_reason']}")
+        if run["unparsed_lines"]:
+            rows.append(f"{run['name']}: {run['unparsed_lines']} MLLOG lines did not parse and were skipped")
+    minutes, verdict = report["score"]["minutes"], report["score"]["verdict"]
+    rows.append(f"verdict: {verdict}" if minutes is None else f"score: {minutes:.3f} min ({verdict})")
+    if report["rcp"]:
+        rows.append(format_rcp(report["rcp"], report["ruleset"]))
+    return "\n".join(rows)
+
+
+def plot(report, png):
+    """Top-1 against epoch and images/s per epoch, one line per run, saved as a PNG."""
+    import matplotlib  # optional (the test extra): only --plot needs it
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (accuracy, speed) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for run in report["runs"]:
+        if run["evals"]:
+            accuracy.plot(*zip(*run["evals"]), marker="o", label=run["name"])
+        if run["throughput"]:
+            speed.plot(*zip(*run["throughput"]), marker=".", label=run["name"])
+    accuracy.axhline(TARGET_TOP1, color="grey", linestyle="--", label=f"target {TARGET_TOP1}")
+    accuracy.set(xlabel="epoch", ylabel="eval top-1", title="top-1 at each eval")
+    speed.set(xlabel="epoch", ylabel="images/s", title="training throughput per epoch")
+    for axes in (accuracy, speed):
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize="small")
+    fig.tight_layout()
+    try:
+        fig.savefig(png, dpi=100)
+    except OSError as err:
+        raise InputError(f"{png}: cannot write the plot ({err.strerror})") from None
+    finally:
+        plt.close(fig)
+
+
+def parse_args(argv=None):
+    """The command line: logs or folders, the ruleset and what to print."""
+    parser = argparse.ArgumentParser(prog="python -m rn50_mx.timing", description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="+", metavar="LOGS_OR_DIR",
+                        help="training logs, or folders of *.log / result_*.txt files")
+    parser.add_argument("--ruleset", default="1.0.0", choices=sorted(mlp_compliance.rule_choices()),
+                        help="MLPerf training rules to check against (default 1.0.0)")
+    parser.add_argument("--rcp", action="store_true", help="also run the RCP checker on the convergence epochs")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    parser.add_argument("--plot", metavar="FILE.png", help="draw top-1 and images/s per epoch of each run")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    """Read the logs, check each one, and print the report (and draw the plot)."""
+    args = parse_args(argv)
+    runs = [read_run(path, args.ruleset) for path in find_logs(args.paths)]
+    for run in runs:
+        run.compliance, run.compliance_reason = check_compliance(run.path, args.ruleset)
+    report = build_report(runs, args.ruleset, args.rcp)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    if args.plot:
+        plot(report, args.plot)
+
+
+if __name__ == "__main__":
+    run_cli(main, "python -m rn50_mx.timing")

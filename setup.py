@@ -1,0 +1,28 @@
+"""rn50-mx: MLPerf Training v1.0 ResNet-50 (Inspur NF5688M6) reimplemented with MXNet Gluon, DALI and Horovod.
+
+The default install is the CPU stack that CI and the embedded demo use. GPU users install the `gpu`
+extra (the reference's CUDA 11.2 MXNet) and take DALI from the NGC container or NVIDIA's package
+index; Horovod is built separately against the installed MXNet (see the Makefile and README).
+"""
+from setuptools import find_packages, setup
+
+setup(
+    name="rn50_mx",
+    version="0.1.0",
+    description="MXNet/Gluon reimplementation of the MLPerf Training v1.0 ResNet-50 submission",
+    packages=find_packages(include=["rn50_mx", "rn50_mx.*"]),
+    python_requires=">=3.8",
+    install_requires=[
+        # MXNet 1.9.1 still uses np.bool/np.int/np.object, which numpy 1.24 removed.
+        "numpy<1.24",
+        "mlperf-logging==4.1.68",  # timing.py uses its result-summarizer and RCP internals
+        "Pillow",
+        "tqdm",
+    ],
+    extras_require={
+        "cpu": ["mxnet==1.9.1", "nvidia-dali-cuda130"],
+        "gpu": ["mxnet-cu112==1.9.1"],
+        "test": ["pytest", "pytest-timeout", "matplotlib"],
+    },
+    entry_points={"console_scripts": ["rn50-prep-rec=rn50_mx.prep_rec:main"]},
+)

@@ -1,0 +1,190 @@
+"""rn50_mx.timing on the five official Inspur NF5688M6 v1.0 result logs, and on edited copies of them."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rn50_mx import timing
+from rn50_mx.errors import run_cli
+
+FIXTURE = Path(__file__).parent / "data" / "inspur_nf5688m6"
+SHARED = Path(__file__).parents[2] / "shared/fixtures/mlperf-v1.0/Inspur/results/nf5688m6_mxnet/resnet"
+NAMES = [f"result_{i}.txt" for i in range(1, 6)]
+RUN_MS = [1642539, 1642731, 1642804, 1642704, 1642587]  # run_stop - run_start, fixtures/README.md
+
+
+def report_of(paths, with_rcp=False, ruleset="1.0.0"):
+    """The report `main` prints, built from the library functions."""
+    runs = [timing.read_run(path, ruleset) for path in timing.find_logs([str(p) for p in paths])]
+    for run in runs:
+        run.compliance, run.compliance_reason = timing.check_compliance(run.path, ruleset)
+    return timing.build_report(runs, ruleset, with_rcp)
+
+
+def edited_fixture(tmp_path, edits):
+    """The five fixture logs copied to tmp_path, with {file name: (old text, new text)} substituted."""
+    folder = tmp_path / "logs"
+    shutil.copytree(FIXTURE, folder, ignore=shutil.ignore_patterns("README.md"))
+    for name, (old, new) in edits.items():
+        text = (folder / name).read_text(encoding="latin-1")
+        assert old in text, f"{old!r} not in {name}"
+        (folder / name).write_text(text.replace(old, new), encoding="latin-1")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def fixture_report():
+    return report_of([FIXTURE], with_rcp=True)
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="shared/ is not beside the repo")
+def test_fixture_copies_are_the_shared_logs():
+    for name in NAMES:
+        assert (FIXTURE / name).read_bytes() == (SHARED / name).read_bytes()
+
+
+def test_fixture_times_and_score(fixture_report):
+    runs = fixture_report["runs"]
+    assert [run["name"] for run in runs] == NAMES
+    assert [run["minutes"] for run in runs] == pytest.approx([ms / 60000 for ms in RUN_MS])
+    assert round(fixture_report["score"]["minutes"], 3) == 27.378
+    assert fixture_report["score"]["verdict"].startswith("valid")
+
+
+def test_fixture_runs_pass_the_checker_and_converge_at_35(fixture_report):
+    runs = fixture_report["runs"]
+    assert [run["compliance"] for run in runs] == ["SUCCESS"] * 5
+    assert [run["status"] for run in runs] == ["success"] * 5
+    assert [run["converged_epoch"] for run in runs] == [35] * 5
+    assert runs[0]["seed"] == 13863 and runs[0]["top1"] == 0.75924 and runs[0]["batch_size"] == 3264
+    assert runs[0]["evals"][0] == [3, 0.32822]
+    assert len(runs[0]["throughput"]) == 35 and runs[0]["throughput"][0] == [1, pytest.approx(26934.1286)]
+
+
+def test_fixture_rcp(fixture_report):
+    rcp = fixture_report["rcp"]
+    assert rcp["passed"] is True and rcp["message"] == "RCP found"
+    assert rcp["rcp_mean"] == pytest.approx(35.1538, abs=1e-4)
+    assert rcp["min_epochs"] == pytest.approx(34.31, abs=1e-2)
+    assert rcp["runs_mean"] == 35
+    assert rcp["norm_factor"] == pytest.approx(rcp["rcp_mean"] / 35)
+    # the v1.0 score was not scaled: normalization to the RCP mean came with the v2.1 round
+    assert rcp["normalization_applies"] is False and rcp["normalized_minutes"] is None
+
+
+def test_fixture_rcp_normalization_from_ruleset_2_1_0():
+    report = report_of([FIXTURE], with_rcp=True, ruleset="2.1.0")
+    assert report["rcp"]["normalization_applies"] is True
+    assert report["rcp"]["normalized_minutes"] == pytest.approx(27.378 * 35.1538 / 35, abs=1e-3)
+
+
+def test_json_output(capsys):
+    timing.main(["--json", str(FIXTURE)])
+    report = json.loads(capsys.readouterr().out)
+    assert set(report) == {"ruleset", "runs", "score", "rcp"}
+    assert set(report["runs"][0]) >= {"path", "minutes", "status", "converged_epoch", "top1", "seed",
+                                      "compliance", "compliance_reason", "counted"}
+    assert round(report["score"]["minutes"], 3) == 27.378 and report["rcp"] is None
+
+
+def test_table_output(capsys):
+    timing.main([str(FIXTURE / name) for name in NAMES] + ["--rcp"])
+    out = capsys.readouterr().out
+    assert "score: 27.378 min" in out
+    assert out.count("SUCCESS") == 5 and "13863" in out
+    assert "RCP check: PASS (RCP found); RCP mean 35.154 epochs" in out
+    assert "no normalization in ruleset 1.0.0" in out
+
+
+def test_images_per_second_reads_both_shapes():
+    assert timing.images_per_second("throughput", 1234.5, {"epoch_num": 7}, 3) == (7, 1234.5)  # our logs
+    assert timing.images_per_second("throughput", 1234.5, {}, 3) == (3, 1234.5)  # v1.0: the current epoch
+    assert timing.images_per_second("tracked_stats", {"imgs_sec": 99.0}, {"step": 4}, 3) == (4, 99.0)
+    assert timing.images_per_second("eval_accuracy", 0.5, {"epoch_num": 3}, 3) == (None, None)
+
+
+@pytest.mark.parametrize("names", [NAMES[:2], NAMES + ["result_6.txt"]])
+def test_no_score_without_exactly_five_runs(tmp_path, names):
+    for name in names:
+        shutil.copy(FIXTURE / (name if name in NAMES else NAMES[0]), tmp_path / name)
+    report = report_of([tmp_path], with_rcp=True)
+    assert len(report["runs"]) == len(names)
+    assert report["score"]["minutes"] is None
+    assert report["score"]["verdict"] == f"no score: ResNet-50 is scored on exactly 5 runs, got {len(names)}"
+    assert report["rcp"]["passed"] is None
+
+
+def test_one_aborted_run_is_dropped_as_the_slowest(tmp_path):
+    folder = edited_fixture(tmp_path, {"result_1.txt": ('"status": "success"', '"status": "aborted"')})
+    report = report_of([folder])
+    assert report["runs"][0]["status"] == "aborted" and report["runs"][0]["converged_epoch"] is None
+    # result_1 was the fastest; now the fastest of the other four is dropped too
+    assert report["score"]["minutes"] == pytest.approx((1642704 + 1642731 + 1642804) / 3 / 60000)
+    assert "result_1.txt: run_stop aborted" in report["score"]["verdict"]
+
+
+def test_two_dropped_runs_make_the_result_invalid(tmp_path):
+    folder = edited_fixture(tmp_path, {"result_2.txt": ('"status": "success"', '"status": "aborted"'),
+                                       "result_4.txt": ('"key": "cache_clear"', '"key": "cache_cleared"')})
+    report = report_of([folder], with_rcp=True)
+    assert report["runs"][3]["compliance"] == "FAILED" and report["runs"][3]["status"] == "success"
+    assert report["runs"][3]["compliance_reason"] == "Required AT_LEAST_ONE occurrence of 'cache_clear' but found 0"
+    assert report["score"]["minutes"] is None
+    assert report["score"]["verdict"] == ("invalid: 2 runs dropped, at most 1 allowed (result_2.txt: run_stop "
+                                          "aborted; result_4.txt: failed the compliance check)")
+    assert report["rcp"]["passed"] is True  # the RCP checker looks at convergence only: one infinite run is allowed
+
+
+def test_checker_crash_is_a_failed_run_and_the_next_check_is_clean(tmp_path):
+    folder = edited_fixture(tmp_path, {"result_1.txt": ('"value": 0.75924', '"value": null')})
+    verdict, reason = timing.check_compliance(str(folder / "result_1.txt"), "1.0.0")
+    assert verdict == "FAILED" and reason.startswith("the checker crashed: TypeError")
+    assert timing.check_compliance(str(folder / "result_2.txt"), "1.0.0") == ("SUCCESS", "")
+
+
+def test_unparsed_mllog_lines_are_skipped_and_counted(tmp_path):
+    folder = edited_fixture(tmp_path, {"result_3.txt": ("+ export SEED", ':::MLLOG {"key": broken\n+ export SEED')})
+    run = timing.read_run(str(folder / "result_3.txt"), "1.0.0")
+    assert run.unparsed_lines == 1 and run.status == "success"
+    assert timing.check_compliance(run.path, "1.0.0") == ("FAILED", "Log lines had parsing errors.")
+
+
+def test_plot_writes_a_png(tmp_path, fixture_report):
+    png = tmp_path / "runs.png"
+    timing.plot(fixture_report, str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20000
+
+
+def bad_inputs(tmp_path):
+    """(argument, expected error) pairs, on real files made in tmp_path."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "plain.log").write_text("STARTING TIMING RUN\nno mllog here\n")
+    text = (FIXTURE / "result_1.txt").read_text(encoding="latin-1")
+    (tmp_path / "no_start.log").write_text(text.replace('"key": "run_start"', '"key": "run_begin"'))
+    (tmp_path / "keyless.log").write_text(':::MLLOG {"time_ms": 1}\n')
+    return [
+        (tmp_path / "missing.log", "no such file or directory"),
+        (tmp_path / "empty", "directory has no *.log or result_*.txt files"),
+        (tmp_path / "plain.log", "no :::MLLOG lines"),
+        (tmp_path / "no_start.log", "no run_start in its MLLOG lines"),
+        (tmp_path / "keyless.log", "malformed MLLOG line (KeyError: 'key')"),
+    ]
+
+
+def test_bad_input_is_one_line(tmp_path, capsys):
+    for path, problem in bad_inputs(tmp_path):
+        with pytest.raises(SystemExit) as exit_:
+            run_cli(lambda: timing.main([str(path)]), "timing")
+        assert exit_.value.code == 2
+        assert capsys.readouterr().err == f"timing: error: {path}: {problem}\n"
+
+
+def test_module_entry_point_reports_bad_input(tmp_path):
+    missing = tmp_path / "missing"
+    done = subprocess.run([sys.executable, "-m", "rn50_mx.timing", str(missing)],
+                          capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == f"python -m rn50_mx.timing: error: {missing}: no such file or directory\n"
