@@ -1,0 +1,75 @@
+"""MLPerf Training log lines (`:::MLLOG {...}`) through the official `mlperf_logging.mllog`.
+
+Only rank 0 writes, except `init_start`, which every rank writes as the reference does (spec §2, §13.2). The keys
+and their order follow the NF5688M6 log; `python -m mlperf_logging.compliance_checker --usage training
+--ruleset 1.0.0 LOG` accepts what this module writes.
+"""
+from mlperf_logging import mllog
+from mlperf_logging.mllog import constants as K
+
+_logger = mllog.get_mllogger()
+_rank = 0
+
+
+def configure(rank, filename=""):
+    """Log from this process only when it is rank 0; also append to `filename` when given."""
+    global _rank
+    _rank = rank
+    if filename and rank == 0:
+        mllog.config(filename=filename)
+    mllog.config(default_stack_offset=2)
+
+
+def is_rank0():
+    return _rank == 0
+
+
+def start(key, value=None, metadata=None, every_rank=False):
+    if _rank == 0 or every_rank:
+        _logger.start(key, value, metadata)
+
+
+def end(key, value=None, metadata=None):
+    if _rank == 0:
+        _logger.end(key, value, metadata)
+
+
+def event(key, value=None, metadata=None):
+    if _rank == 0:
+        _logger.event(key, value, metadata)
+
+
+def submission(s, cache_cleared):
+    """The submission_* keys and cache_clear that the reference's launcher writes before each trial."""
+    event(K.SUBMISSION_BENCHMARK, K.RESNET)
+    event(K.SUBMISSION_ORG, s.submission_org)
+    event(K.SUBMISSION_DIVISION, K.CLOSED)
+    event(K.SUBMISSION_STATUS, K.ONPREM)
+    event(K.SUBMISSION_PLATFORM, f"{s.dgxnnodes}x{s.dgxsystem}")
+    event(K.CACHE_CLEAR, cache_cleared)
+
+
+def hyperparameters(s, global_batch):
+    """The optimizer keys the closed-division rules check (training_1.0.0/closed_resnet*.yaml)."""
+    event(K.MODEL_BN_SPAN, s.batch_size)
+    event(K.GLOBAL_BATCH_SIZE, global_batch)
+    event(K.GRADIENT_ACCUMULATION_STEPS, 1)
+    if s.is_lars:
+        event(K.OPT_NAME, K.LARS)
+        event(K.LARS_EPSILON, s.lars_eps)
+        event(K.LARS_OPT_WEIGHT_DECAY, s.wd)
+        event(K.LARS_OPT_MOMENTUM, s.mom)
+        event(K.LARS_OPT_BASE_LEARNING_RATE, s.lr)
+        event(K.LARS_OPT_END_LR, s.end_lr)
+        event(K.LARS_OPT_LR_DECAY_POLY_POWER, 2)
+        event(K.LARS_OPT_LEARNING_RATE_WARMUP_EPOCHS, s.warmup_epochs)
+        event(K.LARS_OPT_LR_DECAY_STEPS, s.num_epochs)
+    else:  # the 1.0.0 rules name the SGD keys sgd_opt_* (closed_resnet_sgd.yaml); mllog has no constants for them
+        event(K.OPT_NAME, K.SGD)
+        event("sgd_opt_base_learning_rate", s.lr)
+        event("sgd_opt_end_learning_rate", s.end_lr)
+        event("sgd_opt_learning_rate_decay_poly_power", 2)
+        event("sgd_opt_learning_rate_decay_steps", s.num_epochs)
+        event("sgd_opt_weight_decay", s.wd)
+        event("sgd_opt_momentum", s.mom)
+        event(K.OPT_LR_WARMUP_EPOCHS, s.warmup_epochs)

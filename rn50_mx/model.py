@@ -1,0 +1,158 @@
+"""ResNet-50 v1.5 as a Gluon HybridBlock, its initialisation, and the parameter roles LARS and weight decay use.
+
+The network is the reference's `resnet-v1b-stats-fl` symbol (spec §9.1) with the cuDNN NormConv fusions
+unfolded into plain conv -> BN -> ReLU, which computes the same thing. Parameter names are the reference's
+(`conv0_weight`, `stage1_unit1_conv1sc_weight`, `fc1_bias`, ...), so the 161 trainable tensors can be logged
+under the names the MLPerf checkers know.
+
+What MXNet 1.9.1 on CPU can run (measured): NCHW float32 only. Conv2D with layout NHWC fails (MKLDNN:
+"could not create a descriptor"; without MKLDNN: "Only support NCW, NCHW and NCDHW layout"), and float16
+Conv2D / Dense fail too ("FP16 gemm on cpu not implemented"). BatchNorm(axis=3) and NHWC pooling do run.
+NHWC and float16 are the GPU path: the same code, switched by `Layout` and `net.cast`.
+"""
+from dataclasses import dataclass
+
+import mxnet as mx
+from mxnet import gluon
+from mxnet.gluon import nn
+
+# (units, bottleneck width, stride of the first unit) per stage; each unit outputs 4 x width channels.
+STAGES = ((3, 64, 1), (4, 128, 2), (6, 256, 2), (3, 512, 2))
+EXPANSION = 4
+STEM_CHANNELS = 64
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The layout and BatchNorm choices every layer shares, so the blocks never branch on them.
+
+    `name` is "NCHW" (CPU) or "NHWC" (the reference's GPU layout). Conv weights are stored in the matching
+    order: (out, in, kh, kw) for NCHW, (out, kh, kw, in) for NHWC.
+    """
+    name: str = "NCHW"
+    bn_eps: float = 1e-5
+    bn_mom: float = 0.9
+
+    def conv(self, channels, kernel, stride, padding, in_channels, prefix):
+        """Convolution without bias, He-normal on fan-in = in*kh*kw (spec §9.4), not truncated."""
+        return nn.Conv2D(channels, kernel, strides=stride, padding=padding, in_channels=in_channels,
+                         layout=self.name, use_bias=False, prefix=prefix,
+                         weight_initializer=mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2))
+
+    def batchnorm(self, channels, prefix, zero_gamma=False):
+        """BatchNorm over the channel axis; gamma 1 (or 0), beta 0, running mean 0, running var 1."""
+        return nn.BatchNorm(axis=self.name.index("C"), epsilon=self.bn_eps, momentum=self.bn_mom,
+                            in_channels=channels, prefix=prefix,
+                            gamma_initializer="zeros" if zero_gamma else "ones")
+
+    def max_pool(self, prefix):
+        return nn.MaxPool2D(pool_size=3, strides=2, padding=1, layout=self.name, prefix=prefix)
+
+    def global_avg_pool(self, prefix):
+        return nn.GlobalAvgPool2D(layout=self.name, prefix=prefix)
+
+
+class Bottleneck(gluon.HybridBlock):
+    """1x1 reduce -> 3x3 (carries the stride: v1.5) -> 1x1 expand, plus a shortcut, then ReLU.
+
+    The first unit of a stage has a projection shortcut (1x1 conv with the stride, then BN), stage 1 too.
+    `zero_gamma` starts bn3's gamma at 0 so the unit begins as its shortcut (off in the reference).
+    """
+
+    def __init__(self, layout, in_channels, width, stride, projection, zero_gamma, prefix):
+        super().__init__(prefix=prefix)
+        out_channels = width * EXPANSION
+        with self.name_scope():
+            self.conv1 = layout.conv(width, 1, 1, 0, in_channels, "conv1_")
+            self.bn1 = layout.batchnorm(width, "bn1_")
+            self.relu1 = nn.Activation("relu", prefix="relu1_")
+            self.conv2 = layout.conv(width, 3, stride, 1, width, "conv2_")
+            self.bn2 = layout.batchnorm(width, "bn2_")
+            self.relu2 = nn.Activation("relu", prefix="relu2_")
+            self.conv3 = layout.conv(out_channels, 1, 1, 0, width, "conv3_")
+            self.bn3 = layout.batchnorm(out_channels, "bn3_", zero_gamma)
+            self.conv1sc = layout.conv(out_channels, 1, stride, 0, in_channels, "conv1sc_") if projection else None
+            self.bnsc = layout.batchnorm(out_channels, "bnsc_") if projection else None
+            self.relu3 = nn.Activation("relu", prefix="relu3_")
+
+    def hybrid_forward(self, F, x):
+        shortcut = self.bnsc(self.conv1sc(x)) if self.conv1sc is not None else x
+        y = self.relu1(self.bn1(self.conv1(x)))
+        y = self.relu2(self.bn2(self.conv2(y)))
+        y = self.bn3(self.conv3(y))
+        return self.relu3(y + shortcut)
+
+
+class ResNet50V15(gluon.HybridBlock):
+    """ResNet-50 v1.5: 7x7/2 conv, BN, ReLU, 3x3/2 max-pool, stages of (3, 4, 6, 3) bottlenecks, average pool, fc.
+
+    Parameters
+    ----------
+    layout : Layout
+    num_classes : int
+        Outputs of fc1 (with bias; weight N(0, 0.01), bias 0).
+    in_channels : int
+        3, or 4 for the reference's zero-padded input.
+    zero_gamma : bool
+        Zero-initialise the last BN gamma of each bottleneck.
+    """
+
+    def __init__(self, layout, num_classes, in_channels, zero_gamma=False):
+        super().__init__(prefix="")
+        self.conv0 = layout.conv(STEM_CHANNELS, 7, 2, 3, in_channels, "conv0_")
+        self.bn0 = layout.batchnorm(STEM_CHANNELS, "bn0_")
+        self.relu0 = nn.Activation("relu", prefix="relu0_")
+        self.pool0 = layout.max_pool("pool0_")
+        channels = STEM_CHANNELS
+        self.stages = nn.HybridSequential(prefix="")
+        for s, (units, width, stride) in enumerate(STAGES, start=1):
+            stage = nn.HybridSequential(prefix=f"stage{s}_")
+            with stage.name_scope():
+                for u in range(1, units + 1):
+                    stage.add(Bottleneck(layout, channels, width, stride if u == 1 else 1, projection=u == 1,
+                                         zero_gamma=zero_gamma, prefix=f"unit{u}_"))
+                    channels = width * EXPANSION
+            self.stages.add(stage)
+        self.pool1 = layout.global_avg_pool("pool1_")
+        self.fc1 = nn.Dense(num_classes, in_units=channels, prefix="fc1_",
+                            weight_initializer=mx.init.Normal(0.01), bias_initializer="zeros")
+
+    def hybrid_forward(self, F, x):
+        x = self.pool0(self.relu0(self.bn0(self.conv0(x))))
+        x = self.stages(x)
+        return self.fc1(self.pool1(x))
+
+
+def build_model(settings, ctx=None):
+    """The network of `settings`, initialised on `ctx` (default CPU) and cast to `settings.dtype`.
+
+    Seed `mx.random` first for a reproducible init. In float16, Gluon's BatchNorm keeps gamma, beta and the
+    running statistics in float32; the float32 master weights live in the optimizer (multi_precision).
+    """
+    layout = Layout(settings.input_layout, settings.batchnorm_eps, settings.batchnorm_mom)
+    net = ResNet50V15(layout, settings.num_classes, settings.image_chw[0], settings.bn_gamma_init0)
+    net.initialize(ctx=ctx or mx.cpu())
+    net.cast(settings.dtype)
+    return net
+
+
+def is_layer_weight(shape):
+    """True for conv kernels and dense weights (>= 2-D): the tensors that LARS and weight decay act on.
+
+    1-D tensors (BN gamma/beta, the fc bias) are excluded from both. The rule is structural, not by name.
+    The reference differs for one tensor: it gives fc1_bias weight decay too (spec §10.2).
+    """
+    return len(shape) >= 2
+
+
+def split_params(net):
+    """(layer weights, excluded) lists of the trainable parameters: 54 and 107 for ResNet-50."""
+    trainable = [p for p in net.collect_params().values() if p.grad_req != "null"]
+    return ([p for p in trainable if is_layer_weight(p.shape)],
+            [p for p in trainable if not is_layer_weight(p.shape)])
+
+
+def count_params(net):
+    """Number of trainable scalars: 25,557,032 for 1000 classes and 3 input channels."""
+    weights, excluded = split_params(net)
+    return sum(p.data().size for p in weights + excluded)

@@ -1,0 +1,168 @@
+"""Train ResNet-50 v1.5 to the MLPerf target accuracy, logging the run as MLPerf Training does.
+
+One process (CPU, the embedded default):
+    python -m rn50_mx.train --data-train data/fashion-mnist/train.rec --data-val data/fashion-mnist/val.rec \
+        --num-classes 10 --image-shape 3,32,32 ...            (see config/CPU.sh)
+Two processes on one machine (Gloo):
+    horovodrun -np 2 -H localhost:2 python -m rn50_mx.train --kv-store horovod ...
+Eight GPUs (NCCL), as the reference:
+    source config/NF5688M6.sh && ./run_with_docker.sh
+
+Order as the reference (spec §2): build, initialise, broadcast and warm up -> run_start -> open the data (the first
+time it is touched) -> epochs, with evals on the schedule -> run_stop as soon as top-1 reaches the target.
+"""
+import random
+import sys
+import time
+
+import mxnet as mx
+import numpy as np
+from mlperf_logging.mllog import constants as K
+
+from . import config, data, dist, model, optim
+from . import mlperf_log as log
+from .errors import run_cli
+
+
+def train_step(net, loss_fn, trainer, batch):
+    """Forward, loss, backward, optimizer step; returns the summed loss without waiting for it."""
+    x, y = batch.data[0], batch.label[0]
+    with mx.autograd.record():
+        loss = loss_fn(net(x), y)
+    loss.backward()
+    trainer.step(x.shape[0])  # gradients are per-sample sums: the optimizer scales by 1/global batch
+    return loss.sum()
+
+
+def train_epoch(net, loss_fn, trainer, train_it, epoch, s):
+    """One pass over the local shard; returns (images/s, data-wait share, mean loss)."""
+    log.start(K.EPOCH_START, metadata={K.EPOCH_NUM: epoch + 1})
+    train_it.reset()
+    tic = time.time()
+    loss_sum, images = mx.nd.zeros(1, ctx=train_it.context), 0
+    for i, batch in enumerate(train_it):
+        loss_sum += train_step(net, loss_fn, trainer, batch)
+        images += batch.data[0].shape[0]
+        if (i + 1) % s.disp_batches == 0 and log.is_rank0():
+            progress(epoch, i + 1, train_it.steps_per_epoch, images / (time.time() - tic), trainer.learning_rate)
+    mean_loss = loss_sum.asscalar() / max(images, 1)  # the one sync point of the epoch
+    seconds = time.time() - tic
+    log.end(K.EPOCH_STOP, metadata={K.EPOCH_NUM: epoch + 1})
+    return images / seconds, train_it.wait_seconds / seconds, mean_loss
+
+
+def evaluate(net, val_it, d, epoch):
+    """Top-1 and top-5 over every val image exactly once across all ranks (padded samples are not counted)."""
+    log.start(K.EVAL_START, metadata={K.EPOCH_NUM: epoch + 1})
+    val_it.reset()
+    counts = mx.nd.zeros(3, ctx=val_it.context)  # correct top-1, correct top-5, images
+    for batch in val_it:
+        valid = batch.data[0].shape[0] - batch.pad
+        top5 = mx.nd.topk(net(batch.data[0]), k=5).astype("float32")[:valid]
+        label = batch.label[0][:valid].reshape((-1, 1))
+        counts += mx.nd.stack((top5[:, :1] == label).sum(), (top5 == label).sum(), mx.nd.array([valid])[0])
+    counts = d.allreduce_sum(counts.astype("int32").as_in_context(mx.cpu())).asnumpy()
+    top1, top5 = counts[0] / counts[2], counts[1] / counts[2]
+    log.end(K.EVAL_STOP, metadata={K.EPOCH_NUM: epoch + 1})
+    log.event(K.EVAL_ACCURACY, float(top1), metadata={K.EPOCH_NUM: epoch + 1})
+    return top1, top5, int(counts[2])
+
+
+def eval_epochs(s):
+    """0-based epochs after which we evaluate: every eval_period from eval_offset, and always the last one.
+
+    The reference (37 epochs, offset 2, period 4) never evaluated epochs 36-37 (spec §12); we do."""
+    return sorted({e for e in range(s.num_epochs) if e % s.eval_period == s.eval_offset} | {s.num_epochs - 1})
+
+
+def fit(s, d, net, loss_fn, trainer, train_it, val_it):
+    """Epochs in blocks that end with an eval; returns the run_stop status."""
+    evals, first = eval_epochs(s), 0
+    for epoch in range(s.num_epochs):
+        if epoch == first:
+            count = next(e for e in evals if e >= first) - first + 1
+            log.start(K.BLOCK_START, metadata={K.FIRST_EPOCH_NUM: first + 1, K.EPOCH_COUNT: count})
+        speed, wait, loss = train_epoch(net, loss_fn, trainer, train_it, epoch, s)
+        log.event("throughput", speed * d.size, metadata={K.EPOCH_NUM: epoch + 1})
+        line = f"epoch {epoch + 1}: {speed * d.size:.1f} img/s, data wait {wait:.1%}, loss {loss:.4f}"
+        if epoch in evals and val_it is not None:
+            top1, top5, n = evaluate(net, val_it, d, epoch)
+            line += f", top-1 {top1:.4f}, top-5 {top5:.4f} ({n} images)"
+            log.end(K.BLOCK_STOP, metadata={K.FIRST_EPOCH_NUM: first + 1})
+            first = epoch + 1
+            if top1 >= s.accuracy_threshold:
+                say(d, line)
+                return K.SUCCESS
+        say(d, line)
+    return K.ABORTED
+
+
+def rank_seed(s, d):
+    """The logged base seed and this rank's seed drawn from it, as the reference (spec §2)."""
+    base = s.seed if s.seed is not None else random.SystemRandom().randint(0, 65535)
+    seeds = np.random.RandomState(base).randint(2**16, size=d.size)
+    seed = int(seeds[d.rank])
+    random.seed(seed)
+    np.random.seed(seed)
+    mx.random.seed(seed)
+    return base, seed
+
+
+def warm_up(net, loss_fn, s, ctx):
+    """One forward/backward on zeros: builds the static graph and allocates memory before the clock starts."""
+    c, h, w = s.image_chw
+    shape = (s.batch_size, c, h, w) if s.input_layout == "NCHW" else (s.batch_size, h, w, c)
+    x = mx.nd.zeros(shape, ctx=ctx, dtype=s.dtype)
+    with mx.autograd.record():
+        loss = loss_fn(net(x), mx.nd.zeros((s.batch_size,), ctx=ctx))
+    loss.backward()
+    mx.nd.waitall()
+
+
+def run(s):
+    """The whole timed run; returns the run_stop status."""
+    d = dist.init(s)
+    log.configure(d.rank, s.mllog_file)
+    log.start(K.INIT_START, every_rank=True)
+    log.submission(s, s.cache_cleared)
+    base_seed, seed = rank_seed(s, d)
+    log.event(K.SEED, base_seed)
+    ctx = mx.gpu(d.local_rank) if s.device == "gpu" else mx.cpu()
+    net = model.build_model(s, ctx)
+    d.broadcast_params(net.collect_params())
+    loss_fn = optim.make_loss(s)
+    steps = data.steps_per_epoch(s, d.size)
+    trainer = optim.make_trainer(net, s, steps, d.trainer)
+    warm_up(net, loss_fn, s, ctx)
+    log.hyperparameters(s, s.batch_size * d.size)
+    log.end(K.INIT_STOP)
+    d.barrier()
+    log.start(K.RUN_START)
+    train_it, val_it = data.make_iters(s, d.rank, d.size, seed, ctx)
+    assert train_it.steps_per_epoch == steps
+    log.event(K.TRAIN_SAMPLES, train_it.num_samples)
+    log.event(K.EVAL_SAMPLES, val_it.num_samples if val_it else 0)
+    status = fit(s, d, net, loss_fn, trainer, train_it, val_it)
+    log.end(K.RUN_STOP, metadata={K.STATUS: status})
+    return status
+
+
+def say(d, line):
+    if d.rank == 0:
+        print(line, flush=True)
+
+
+def progress(epoch, step, steps, speed, lr):
+    print(f"  epoch {epoch + 1} step {step}/{steps}: {speed:.1f} img/s, lr {lr:.4g}", flush=True)
+
+
+def main():
+    if "-h" in sys.argv[1:] or "--help" in sys.argv[1:]:
+        print(config.help_text())
+        return 0
+    run(config.load(sys.argv[1:]))
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main, "rn50_mx.train")
