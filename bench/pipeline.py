@@ -1,0 +1,173 @@
+"""Train input throughput: our DALI pipeline + iterator against MXNet's ImageRecordIter, side by side.
+
+    .venv/bin/python bench/pipeline.py [--images 1200] [--batch 64] [--threads 2] [--rounds 7] [--sweep]
+
+Same augmentation and the same worker threads for every contender: random-resized crop (area [0.05, 1],
+aspect [3/4, 4/3]) to 224x224 with a bilinear filter, random mirror, ImageNet mean/std, float32 NCHW batches as
+mx.nd on the CPU. ImageRecordIter resizes with OpenCV's bilinear filter, which does not antialias, so "ours"
+runs with --dali-resize-antialias 0; "ours antialiased" is DALI's default filter (the reference's).
+Contenders: ours (readers.mxnet -> fused decoders.image_random_crop -> resize -> crop_mirror_normalize -> our
+DataIter), ours non-fused (decoders.image -> random_resized_crop), ours antialiased, and mx.io.ImageRecordIter
+(random_resized_crop=True, preprocess_threads=THREADS); --sweep adds prefetch depths 1 and 4 and one more thread.
+
+The data: IMAGES ImageNet-like JPEGs (about 500x375, quality 95, ~54 KB: collages of Fashion-MNIST photographs
+in random colours), packed with rn50_mx.prep_rec.pack and cached in $TMPDIR/rn50_mx_bench_pipeline.
+
+Each round times every contender in turn; before its timed batches each contender first drains what its
+workers prefetched while the others were being timed (a head start that would flatter it). The figures are
+the medians over the rounds, in images/s and in images per CPU-second of the process. On cores shared with other
+work the wall rates swing from round to round (OpenMP threads also spin while they wait, which costs
+ImageRecordIter extra wall time there); the CPU rate hardly moves. Last line: images/s of each, and
+ours / ImageRecordIter.
+"""
+import argparse
+import dataclasses
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--images", type=int, default=1200, help="JPEGs in the benchmark .rec (>= 1000)")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2, help="decode/augment threads of every contender")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--batches", type=int, default=8, help="timed batches per contender and round")
+    parser.add_argument("--drain", type=int, default=5, help="untimed batches first (ImageRecordIter prefetches 4)")
+    parser.add_argument("--sweep", action="store_true", help="also time prefetch depths 1 and 4 and one more thread")
+    return parser.parse_args(argv)
+
+
+ARGS = parse_args()
+# MXNet's CPU ImageRecordIter decodes on OpenMP threads, whatever preprocess_threads says, and MXNet starts with
+# half the logical CPUs (1 thread on a 2-core machine): give it the same threads as ours before MXNet loads.
+os.environ["OMP_NUM_THREADS"] = str(ARGS.threads)
+
+import mxnet as mx  # noqa: E402
+import numpy as np  # noqa: E402
+from PIL import Image  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from rn50_mx import data, prep_rec  # noqa: E402
+from rn50_mx.config import Settings  # noqa: E402
+
+CACHE = os.path.join(tempfile.gettempdir(), "rn50_mx_bench_pipeline")
+GRID = (8, 6)  # tiles across and down: 8 x 6 tiles of 56-70 px make about 500 x 375
+
+
+def collage(images, labels, rng):
+    """One ImageNet-sized colour photograph made of Fashion-MNIST pieces; its label is the first piece's."""
+    cols, rows = GRID
+    tile_w, tile_h = (int(v) for v in rng.randint(56, 71, 2))
+    canvas = np.zeros((rows * tile_h, cols * tile_w, 3), np.float32)
+    picks = rng.randint(0, len(images), cols * rows)
+    for k, i in enumerate(picks):
+        shade = np.asarray(Image.fromarray(images[i]).resize((tile_w, tile_h), Image.BICUBIC), np.float32)
+        shade = shade[..., None] / 255
+        y, x = divmod(k, cols)
+        fg, bg = rng.uniform(0, 255, 3), rng.uniform(0, 255, 3)
+        canvas[y * tile_h:(y + 1) * tile_h, x * tile_w:(x + 1) * tile_w] = bg * (1 - shade) + fg * shade
+    return Image.fromarray(canvas.round().astype(np.uint8)), int(labels[picks[0]])
+
+
+def make_rec(count):
+    """PREFIX of a packed .rec of `count` collages, made once and cached."""
+    prefix = os.path.join(CACHE, f"collages{count}")
+    if os.path.exists(prefix + ".idx"):  # pack publishes the .idx last
+        return prefix
+    images, labels = prep_rec.load_fashion_mnist("train")
+    rng = np.random.RandomState(0)
+    os.makedirs(CACHE, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=CACHE) as root:
+        for name in prep_rec.FASHION_MNIST_CLASSES:
+            os.makedirs(os.path.join(root, name))
+        for n in range(count):
+            photo, label = collage(images, labels, rng)
+            photo.save(os.path.join(root, prep_rec.FASHION_MNIST_CLASSES[label], f"{n:05d}.jpg"), quality=95)
+        print(prep_rec.pack(root, prefix, workers=2).line(), file=sys.stderr)
+    return prefix
+
+
+def ours(prefix, args, **changes):
+    """Our train iterator (rank 0 of 1) with ImageRecordIter's augmentation, unless `changes` say otherwise."""
+    s = Settings(data_train=prefix + ".rec", batch_size=args.batch, image_shape="3,224,224", num_classes=10,
+                 dali_threads=args.threads, min_random_area=0.05, max_random_area=1.0,
+                 min_random_aspect_ratio=3 / 4, max_random_aspect_ratio=4 / 3, dtype="float32",
+                 input_layout="NCHW", dali_resize_antialias=False)
+    train, _ = data.make_iters(dataclasses.replace(s, **changes), 0, 1, 1, mx.cpu())
+    return endless(train)
+
+
+def image_record_iter(prefix, args):
+    """MXNet's C++ record iterator with the same augmentation: OpenCV bilinear resize, no antialiasing."""
+    return endless(mx.io.ImageRecordIter(
+        path_imgrec=prefix + ".rec", path_imgidx=prefix + ".idx", data_shape=(3, 224, 224),
+        batch_size=args.batch, shuffle=True, preprocess_threads=args.threads, ctx="cpu", dtype="float32",
+        random_resized_crop=True, min_random_area=0.05, max_random_area=1.0, min_aspect_ratio=3 / 4,
+        max_aspect_ratio=4 / 3, rand_mirror=True, inter_method=1,
+        mean_r=data.MEAN[0], mean_g=data.MEAN[1], mean_b=data.MEAN[2],
+        std_r=data.STD[0], std_g=data.STD[1], std_b=data.STD[2], verbose=True))
+
+
+def contenders(prefix, args):
+    """name -> endless batches of each contender."""
+    runs = {"ours": ours(prefix, args),
+            "ours non-fused": ours(prefix, args, dali_roi_decode=False),
+            "ours antialiased": ours(prefix, args, dali_resize_antialias=True),
+            "ImageRecordIter": image_record_iter(prefix, args)}
+    if args.sweep:
+        runs.update({"ours prefetch 1": ours(prefix, args, dali_prefetch_queue=1),
+                     "ours prefetch 4": ours(prefix, args, dali_prefetch_queue=4),
+                     f"ours {args.threads + 1} threads": ours(prefix, args, dali_threads=args.threads + 1)})
+    return runs
+
+
+def endless(it):
+    """Batches across epochs, each waited for, so that a contender is timed until its data is really there."""
+    while True:
+        for batch in it:
+            batch.data[0].wait_to_read()
+            yield batch
+        it.reset()
+
+
+def measure(batches, args):
+    """(images/s, images per CPU-second of this process) over args.batches batches, after draining the head start.
+
+    The CPU rate hardly moves when other processes share the cores; the wall rate is what training sees."""
+    for _ in range(args.drain):
+        next(batches)
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(args.batches):
+        next(batches)
+    images = args.batches * args.batch
+    return images / (time.perf_counter() - wall), images / (time.process_time() - cpu)
+
+
+def main(args):
+    prefix = make_rec(args.images)
+    runs = contenders(prefix, args)
+    rates = {name: [] for name in runs}
+    for r in range(args.rounds):
+        for name, batches in runs.items():
+            rates[name].append(measure(batches, args))
+        print(f"round {r + 1}: " + ", ".join(f"{name} {v[-1][0]:.0f}" for name, v in rates.items()), flush=True)
+    wall = {name: statistics.median(w for w, _ in v) for name, v in rates.items()}
+    cpu = {name: statistics.median(c for _, c in v) for name, v in rates.items()}
+    print(f"{args.images} JPEGs, batch {args.batch}, {args.threads} threads, {args.rounds} rounds x {args.batches} "
+          "batches; medians; images/s (images per CPU-second):")
+    for name in runs:
+        print(f"  {name:22s} {wall[name]:6.0f} ({cpu[name]:4.0f})  x{wall[name] / wall['ImageRecordIter']:.2f} "
+              f"(x{cpu[name] / cpu['ImageRecordIter']:.2f}) of ImageRecordIter")
+    print(f"ours {wall['ours']:.0f} img/s, ours non-fused {wall['ours non-fused']:.0f} img/s, "
+          f"ImageRecordIter {wall['ImageRecordIter']:.0f} img/s; "
+          f"ours/ImageRecordIter {wall['ours'] / wall['ImageRecordIter']:.2f}x "
+          f"(per CPU-second {cpu['ours'] / cpu['ImageRecordIter']:.2f}x), "
+          f"fused/non-fused {wall['ours'] / wall['ours non-fused']:.2f}x")
+
+
+if __name__ == "__main__":
+    main(ARGS)

@@ -1,0 +1,54 @@
+# shellcheck shell=bash source-path=SCRIPTDIR
+# Shared by the A100 x 8 configs (NF5688M6, NF5488A5, DGXA100, DGXA100_multi_8x8x204): the GPU path, the fixed
+# part of the LARS recipe and the runtime knobs. Values are the reference's (spec §4). Source a system file, not this.
+
+## How rn50_mx runs on these machines (the reference passed these as fixed flags in run_and_time.sh)
+export DEVICE=gpu
+export DTYPE=float16
+export INPUT_LAYOUT=NHWC
+export IMAGE_SHAPE=4,224,224  # RGB plus one zero channel, the reference's padded input
+
+## Training recipe: the parts every config shares
+export OPTIMIZER=sgdwfastlars
+export KVSTORE=horovod
+export LRSCHED=pow2
+export LARSETA=0.001
+export LABELSMOOTHING=0.1
+export EVAL_PERIOD=4
+# NETWORK=resnet-v1b-stats-fl: dropped. It chose the reference's fused-kernel symbol; rn50_mx has one ResNet-50 v1.5.
+
+## DALI
+export DALI_DONT_USE_MMAP=0  # 0 for local disks (/raid), 1 for lustre
+export DALI_NVJPEG_MEMPADDING=256  # MiB
+export DALI_PREALLOCATE_WIDTH=5980  # HW JPEG decoder preallocation hints
+export DALI_PREALLOCATE_HEIGHT=6430
+export DALI_DECODER_BUFFER_HINT=1315942  # 1196311 * 1.1 bytes
+export DALI_CROP_BUFFER_HINT=165581  # 150528 * 1.1
+export DALI_NORMALIZE_BUFFER_HINT=441549  # 401408 * 1.1
+
+## Horovod (gradients: one fused NCCL allreduce per step)
+export HOROVOD_CYCLE_TIME=0.1  # ms between background cycles
+export HOROVOD_FUSION_THRESHOLD=67108864  # 64 MiB: holds the ~51 MB of fp16 gradients
+export HOROVOD_NUM_NCCL_STREAMS=2  # the reference's common file said 1, every config 2
+# MXNET_HOROVOD_NUM_GROUPS=1: dropped. Only the reference's fit.py read it (num_groups of its DistributedOptimizer).
+
+## MXNet. The CUDNN_NHWC_BN and CUDA_GRAPHS knobs exist in NGC MXNet only; stock MXNet ignores them.
+export MXNET_OPTIMIZER_AGGREGATION_SIZE=54  # parameters per multi-tensor optimizer call
+export MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD=999
+export MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD=999
+export MXNET_ENABLE_CUDA_GRAPHS=1
+export MXNET_CUDNN_NHWC_BN_HEURISTIC_FWD=1
+export MXNET_CUDNN_NHWC_BN_HEURISTIC_BWD=1
+export MXNET_CUDNN_NHWC_BN_ADD_HEURISTIC_FWD=0  # the reference's common file said 1, every config 0
+export MXNET_CUDNN_NHWC_BN_ADD_HEURISTIC_BWD=0
+# MXNET_EXTENDED_NORMCONV_SUPPORT=1: dropped. It enables NGC MXNet's NormConvolution op, which rn50_mx does not use.
+
+## MPI and NCCL
+export OMPI_MCA_btl="^openib"  # no openib BTL (the reference: avoids a Horovod/NCCL deadlock at 96 nodes)
+export NCCL_SOCKET_IFNAME=""
+
+## System: 8 GPUs per node, 2 sockets with hyperthreading. DGXNSOCKET, DGXSOCKETCORES and DGXHT describe the
+## machine only; run_and_time.sh reads the real topology from lscpu to bind ranks to cores.
+export DGXNGPU=8
+export DGXNSOCKET=2
+export DGXHT=2

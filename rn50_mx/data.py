@@ -1,0 +1,349 @@
+"""Input pipelines (spec §8): DALI reads the .rec, decodes and augments; our DataIter hands the batches to MXNet.
+
+    train: readers.mxnet (sharded, shuffled) -> decoders.image_random_crop -> resize to H,W
+           -> crop_mirror_normalize (coin-flip mirror, ImageNet mean/std, zero 4th channel when C=4)
+           (--dali-roi-decode 0 or a decoder cache: decoders.image -> random_resized_crop instead)
+    val:   readers.mxnet (sharded, padded) -> decoders.image -> resize shorter side -> centre crop + normalize
+
+One graph serves both devices: `device=cpu` runs every operator on the CPU with no GPU (device_id=None), as CI
+and the demo do; `device=gpu` moves decoding to nvJPEG ("mixed") and the rest onto the process's GPU. The
+nvJPEG and buffer knobs of spec §4 are always passed; DALI applies them on the GPU only.
+
+DALI 2.x has no MXNet plugin, so the iterator is ours. DALI's prefetch queue prepares the next batches while
+the model computes; the outputs reach MXNet through DLPack without a copy.
+"""
+import contextlib
+import io
+import math
+import os
+import re
+import time
+
+import mxnet as mx
+import numpy as np
+from nvidia.dali import fn, types
+from nvidia.dali.pipeline import Pipeline
+from PIL import Image, UnidentifiedImageError
+
+from . import prep_rec
+from .errors import InputError
+
+MEAN = tuple(255 * m for m in (0.485, 0.456, 0.406))
+STD = tuple(255 * s for s in (0.229, 0.224, 0.225))
+MIB = 1 << 20
+READER = "Reader"
+DALI_DTYPES = {"float32": types.FLOAT, "float16": types.FLOAT16}
+
+
+# --- files ----------------------------------------------------------------------------------------------
+
+def rec_and_idx(settings, train):
+    """The (.rec, .idx) pair of a split, after checking that both are there: DALI's own errors are stack traces."""
+    flag = "--data-train" if train else "--data-val"
+    rec = settings.data_train if train else settings.data_val
+    idx = (settings.data_train_idx if train else settings.data_val_idx) or settings.idx_path(rec)
+    if not rec:
+        raise InputError(f"{flag}: not set (give a .rec file, or --synthetic 1 for training)")
+    try:
+        with open(rec, "rb") as f:
+            if not f.read(1):
+                raise InputError(f"{rec}: empty file")
+    except OSError as err:
+        raise InputError(f"{rec}: cannot read ({err.strerror})") from None
+    try:
+        with open(idx, "rb") as f:
+            if not f.read(1):
+                raise InputError(f"{idx}: empty index: it lists no record of {rec}")
+    except FileNotFoundError:
+        raise InputError(f"{idx}: no index for {rec}; pack the images again to get both files: "
+                         f"python -m rn50_mx.prep_rec pack IMAGE_DIR {os.path.splitext(rec)[0]}") from None
+    except OSError as err:
+        raise InputError(f"{idx}: cannot read ({err.strerror})") from None
+    return rec, idx
+
+
+def count_records(idx):
+    """Records listed by an .idx (one line each), without opening the .rec."""
+    with open(idx, "rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def record_at(idx, offset):
+    """The record index (the .idx key) of the record that starts at byte `offset` of the .rec."""
+    entries, _ = prep_rec.read_idx(idx)
+    return dict((o, key) for key, o in entries).get(offset, f"at byte offset {offset}")
+
+
+def first_unidentified(rec, idx):
+    """Index of the first record whose bytes no decoder can even identify as an image, or None.
+
+    Only for the DALI failures that do not name their sample (a header nvImageCodec cannot parse): reading
+    each header is far cheaper than decoding every image, which `prep_rec verify` does.
+    """
+    records = mx.recordio.MXIndexedRecordIO(idx, rec, "r")
+    try:
+        for key in records.keys:
+            _, image = mx.recordio.unpack(records.read_idx(key))
+            try:
+                Image.open(io.BytesIO(image)).close()
+            except (UnidentifiedImageError, OSError, SyntaxError):
+                return key
+    finally:
+        records.close()
+    return None
+
+
+def input_error(err, rec, idx):
+    """The one-line InputError for a DALI failure that the data caused, or None when the data is not at fault.
+
+    DALI names a sample whose data breaks off mid-decode ("<rec> at index <byte offset>"), but not one whose
+    header nvImageCodec cannot parse; that one is searched for.
+    """
+    text = str(err)
+    cause = text.split("encountered:")[-1].strip().splitlines()[0] if "encountered:" in text else text
+    cause = re.sub(r'^Assert on ".*" failed: ', "", cause)
+    verify = f"check it with: python -m rn50_mx.prep_rec verify {os.path.splitext(rec)[0]}"
+    if "fn.decoders." in text:
+        named = re.search(r" at index (\d+)$", cause)
+        if named:
+            return InputError(f"{rec}: record {record_at(idx, int(named.group(1)))} does not decode "
+                              f"(its data breaks off or is corrupt)")
+        record = first_unidentified(rec, idx)
+        if record is None:
+            return InputError(f"{rec}: a record does not decode (DALI: {cause}); {verify}")
+        return InputError(f"{rec}: record {record} is not an image (DALI: {cause})")
+    if "fn.readers." in text:
+        return InputError(f"{rec}: {cause}; {verify}")
+    return None
+
+
+@contextlib.contextmanager
+def data_errors(rec, idx):
+    """Turn the DALI failures that the data causes into one-line InputErrors; let the others through."""
+    try:
+        yield
+    except RuntimeError as err:
+        problem = input_error(err, rec, idx)
+        if problem is None:
+            raise
+        raise problem from None
+
+
+def check_labels(labels, sources, num_classes, rec, idx):
+    """Labels must be class numbers below num_classes; otherwise name the first bad record (via its source)."""
+    bad = (labels < 0) | (labels >= num_classes) | (labels != np.floor(labels))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        offset = int(np.asarray(sources[i]).tobytes().decode().rsplit(" at index ", 1)[1])
+        raise InputError(f"{rec}: record {record_at(idx, offset)} has label {labels[i]:g}, "
+                         f"not a class number in [0, {num_classes})")
+
+
+# --- epoch accounting (spec §8.3) -------------------------------------------------------------------------
+
+def train_samples(settings):
+    """Images per train epoch: --num-examples, or every record of the train .rec."""
+    if settings.num_examples:
+        return settings.num_examples
+    if settings.synthetic and not settings.data_train:
+        raise InputError("--synthetic: give --num-examples (or --data-train) to size the epoch")
+    return count_records(rec_and_idx(settings, True)[1])
+
+
+def steps_per_epoch(settings, world, num_samples=None):
+    """Train steps per epoch, the same on every rank: ceil(floor(N / world) / batch), as the reference."""
+    n = num_samples if num_samples is not None else train_samples(settings)
+    if n < world:
+        raise InputError(f"{settings.data_train or '--num-examples'}: {n} train images for {world} processes")
+    return math.ceil(n // world / settings.batch_size)
+
+
+def shard_range(n, rank, world):
+    """[begin, end) of a rank's records: DALI's readers cut shard i at floor(i * n / world)."""
+    return n * rank // world, n * (rank + 1) // world
+
+
+def val_pads(n, rank, world, batch, padded_shard):
+    """Padding of each val batch of a rank. With pad_last_batch DALI repeats a shard's last image up to
+    `padded_shard` (the same on every rank) and rounds up to whole batches: those repeats are the pad."""
+    begin, end = shard_range(n, rank, world)
+    batches = math.ceil(padded_shard / batch)
+    return [batch - min(batch, max(0, end - begin - k * batch)) for k in range(batches)]
+
+
+# --- pipelines ------------------------------------------------------------------------------------------
+
+def nvjpeg_knobs(s):
+    """Decoder arguments that only the GPU ("mixed") decoder uses; the CPU decoder accepts and ignores them."""
+    return dict(device_memory_padding=s.dali_nvjpeg_memory_padding * MIB,
+                host_memory_padding=s.dali_nvjpeg_memory_padding * MIB,
+                hw_decoder_load=s.dali_hw_decoder_load,
+                preallocate_width_hint=s.dali_preallocate_width,
+                preallocate_height_hint=s.dali_preallocate_height,
+                affine=False)
+
+
+def build_pipeline(s, rec, idx, train, rank, world, seed, device_id):
+    """The DALI pipeline of one split for one rank. device_id None runs everything on the CPU."""
+    pipe = Pipeline(batch_size=s.batch_size, num_threads=s.dali_threads, device_id=device_id, seed=seed,
+                    prefetch_queue_depth=s.dali_prefetch_queue)
+    with pipe:
+        pipe.set_outputs(*graph(s, rec, idx, train, rank, world, gpu=device_id is not None))
+    return pipe
+
+
+def graph(s, rec, idx, train, rank, world, gpu):
+    """The operators of one split, defined inside a Pipeline: (images, labels, source info of each sample).
+
+    gpu: decode with nvJPEG ("mixed"), which leaves the images on the GPU for resize and normalize.
+    """
+    c, h, w = s.image_chw
+    cache = train and s.dali_cache_size > 0  # spec §8.1: the cache sits on the plain decoder, readers skip hits
+    crop_area = dict(random_area=[s.min_random_area, s.max_random_area],
+                     random_aspect_ratio=[s.min_random_aspect_ratio, s.max_random_aspect_ratio],
+                     num_attempts=s.dali_num_attempts)
+    decoder = dict(device="mixed" if gpu else "cpu", output_type=types.RGB,
+                   bytes_per_sample_hint=s.dali_decoder_buffer_hint, **nvjpeg_knobs(s))
+    jpegs, labels = fn.readers.mxnet(
+        path=[rec], index_path=[idx], name=READER, shard_id=rank, num_shards=world,
+        random_shuffle=train, initial_fill=s.dali_initial_fill, dont_use_mmap=s.dali_dont_use_mmap,
+        # val: each eval reads this rank's shard once, the last image repeated up to whole batches
+        stick_to_shard=not train or cache or s.dali_stick_to_shard, pad_last_batch=not train,
+        skip_cached_images=cache)
+    filt = dict(antialias=s.dali_resize_antialias)  # DALI's linear filter; antialiased unless turned off
+    if train and s.dali_roi_decode and not cache:
+        images = fn.decoders.image_random_crop(jpegs, **crop_area, **decoder)
+        images = fn.resize(images, resize_x=w, resize_y=h, bytes_per_sample_hint=s.dali_decoder_buffer_hint, **filt)
+    else:
+        cached = dict(cache_type="threshold", cache_size=s.dali_cache_size, cache_threshold=0) if cache else {}
+        images = fn.decoders.image(jpegs, **cached, **decoder)
+        buffers = dict(bytes_per_sample_hint=s.dali_crop_buffer_hint, temp_buffer_hint=s.dali_tmp_buffer_hint, **filt)
+        if train:
+            images = fn.random_resized_crop(images, size=[h, w], **crop_area, **buffers)
+        else:
+            images = fn.resize(images, resize_shorter=round(s.val_resize * h / 224), **buffers)
+    mirror = fn.random.coin_flip(probability=0.5) if train else False
+    images = fn.crop_mirror_normalize(
+        images, mirror=mirror, crop=[h, w], mean=list(MEAN), std=list(STD), pad_output=c == 4,
+        dtype=DALI_DTYPES[s.dtype], output_layout="CHW" if s.input_layout == "NCHW" else "HWC",
+        bytes_per_sample_hint=s.dali_normalize_buffer_hint)
+    return images, labels, fn.get_property(jpegs, key="source_info")
+
+
+# --- iterators ------------------------------------------------------------------------------------------
+
+def batch_shape(s):
+    """(batch, C, H, W) or (batch, H, W, C), as settings.input_layout says."""
+    c, h, w = s.image_chw
+    return (s.batch_size, c, h, w) if s.input_layout == "NCHW" else (s.batch_size, h, w, c)
+
+
+def to_ndarray(tensor_list, ctx):
+    """A DALI output as an mx.nd on ctx without a copy: DLPack shares DALI's buffer (host or GPU memory).
+
+    Pipeline.run() hands out outputs already synchronized with the host, so MXNet may read them on any
+    stream; DALI's default executor gives every batch its own buffer, so they stay valid after later runs.
+    """
+    return mx.nd.from_dlpack(tensor_list.as_tensor().__dlpack__()).as_in_context(ctx)
+
+
+class BatchIter(mx.io.DataIter):
+    """MXNet's DataIter protocol over `len(pads)` batches per epoch; subclasses make the arrays.
+
+    wait_seconds: time the caller spent inside next() since the last reset(), i.e. waiting for data.
+    """
+
+    def __init__(self, s, pads, num_samples, ctx):
+        super().__init__(s.batch_size)
+        self.pads, self.num_samples, self.context = pads, num_samples, ctx
+        self.steps_per_epoch = len(pads)
+        self.provide_data = [mx.io.DataDesc("data", batch_shape(s), np.dtype(s.dtype), s.input_layout)]
+        self.provide_label = [mx.io.DataDesc("softmax_label", (s.batch_size,), np.float32, "N")]
+        self.position, self.wait_seconds = 0, 0.0
+
+    def reset(self):
+        self.position, self.wait_seconds = 0, 0.0
+
+    def next(self):
+        if self.position == len(self.pads):
+            raise StopIteration
+        tic = time.perf_counter()
+        data, label = self.produce()
+        self.wait_seconds += time.perf_counter() - tic
+        pad = self.pads[self.position]
+        self.position += 1
+        return mx.io.DataBatch(data=[data], label=[label], pad=pad,
+                               provide_data=self.provide_data, provide_label=self.provide_label)
+
+    def produce(self):
+        raise NotImplementedError
+
+
+class DaliIter(BatchIter):
+    """Batches of a DALI pipeline built by build_pipeline, with its errors turned into one-line InputErrors."""
+
+    def __init__(self, s, pipe, pads, num_samples, ctx, rec, idx):
+        super().__init__(s, pads, num_samples, ctx)
+        self.pipe, self.rec, self.idx, self.num_classes = pipe, rec, idx, s.num_classes
+
+    def reset(self):
+        """Finish a partly read epoch first, so that the next one starts at the shard boundary again."""
+        while 0 < self.position < len(self.pads):
+            self.next()
+        super().reset()
+
+    def produce(self):
+        with data_errors(self.rec, self.idx):
+            images, labels, sources = self.pipe.run()
+        label = np.asarray(labels.as_tensor()).reshape(-1)
+        check_labels(label, sources, self.num_classes, self.rec, self.idx)
+        return to_ndarray(images, self.context), mx.nd.array(label, ctx=self.context, dtype=np.float32)
+
+
+class SyntheticIter(BatchIter):
+    """The same batches every step, made once on the device: no I/O, the ceiling the real pipeline aims at."""
+
+    def __init__(self, s, steps, num_samples, ctx, seed):
+        super().__init__(s, [0] * steps, num_samples, ctx)
+        rng = np.random.RandomState(seed)
+        images = rng.standard_normal(batch_shape(s)).astype(s.dtype)
+        if s.image_chw[0] == 4:  # the padded channel is zero, as DALI's pad_output makes it
+            images[(slice(None), 3) if s.input_layout == "NCHW" else (Ellipsis, 3)] = 0
+        self.data = mx.nd.array(images, ctx=ctx, dtype=s.dtype)
+        self.label = mx.nd.array(rng.randint(0, s.num_classes, s.batch_size), ctx=ctx, dtype=np.float32)
+
+    def produce(self):
+        return self.data, self.label
+
+
+def dali_iter(s, train, rank, world, seed, ctx):
+    """The iterator of one split: train steps as the reference, val reading each image once across ranks."""
+    rec, idx = rec_and_idx(s, train)
+    if s.dali_cache_size and s.device != "gpu":
+        raise InputError("--dali-cache-size: the decoded-image cache is a GPU decoder feature (--device gpu)")
+    pipe = build_pipeline(s, rec, idx, train, rank, world, seed, ctx.device_id if s.device == "gpu" else None)
+    with data_errors(rec, idx):
+        pipe.build()
+    meta = pipe.reader_meta(READER)
+    n = meta["epoch_size"]
+    if n < world:
+        raise InputError(f"{rec}: {n} records for {world} processes")
+    if train:
+        n = s.num_examples or n
+        pads = [0] * steps_per_epoch(s, world, n)  # every sample is a real image: the reader runs on
+    else:
+        pads = val_pads(n, rank, world, s.batch_size, meta["epoch_size_padded"] // world)
+    return DaliIter(s, pipe, pads, n, ctx, rec, idx)
+
+
+def make_iters(settings, rank, world, seed, ctx):
+    """(train_iter, val_iter) of one process; val_iter is None without --data-val or with --synthetic.
+
+    seed: this rank's seed (crop, flip and shuffle draws). Call after run_start: this is the first data access.
+    """
+    if settings.synthetic:
+        n = train_samples(settings)
+        return SyntheticIter(settings, steps_per_epoch(settings, world, n), n, ctx, seed), None
+    train = dali_iter(settings, True, rank, world, seed, ctx)
+    val = dali_iter(settings, False, rank, world, seed, ctx) if settings.data_val else None
+    return train, val

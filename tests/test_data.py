@@ -1,0 +1,247 @@
+"""The input pipeline on real JPEGs packed in real .rec files, on the CPU device (what CI and the demo run)."""
+import dataclasses
+import io
+import math
+import shutil
+
+import mxnet as mx
+import numpy as np
+import pytest
+from nvidia.dali.pipeline import Pipeline
+from PIL import Image
+
+from conftest import write_jpeg_tree
+from rn50_mx import data, prep_rec
+from rn50_mx.config import Settings
+from rn50_mx.errors import InputError
+
+
+def settings_for(prefix, **changes):
+    """Small settings on a packed PREFIX; dataclasses.replace skips config's NCHW-on-CPU rule on purpose:
+    the pipeline itself makes both layouts on any device."""
+    s = Settings(data_train=prefix + ".rec", data_val=prefix + ".rec", batch_size=4, image_shape="3,32,32",
+                 num_classes=3, dali_threads=1)
+    return dataclasses.replace(s, **changes)
+
+
+def rec_labels(prefix):
+    """The label of each record, in record order, read with mxnet.recordio."""
+    records = mx.recordio.MXIndexedRecordIO(prefix + ".idx", prefix + ".rec", "r")
+    labels = [mx.recordio.unpack(records.read_idx(key))[0].label for key in records.keys]
+    records.close()
+    return labels
+
+
+def rewrite_rec(src, dest, change):
+    """A copy of the .rec/.idx at src with record k replaced by change(k, header, image) -> (header, image)."""
+    records = mx.recordio.MXIndexedRecordIO(src + ".idx", src + ".rec", "r")
+    out = mx.recordio.MXIndexedRecordIO(dest + ".idx", dest + ".rec", "w")
+    for key in records.keys:
+        header, image = mx.recordio.unpack(records.read_idx(key))
+        out.write_idx(key, mx.recordio.pack(*change(key, header, image)))
+    out.close()
+    records.close()
+    return dest
+
+
+def valid_labels(it):
+    """Labels of the real (non-pad) samples of one epoch of an iterator."""
+    it.reset()
+    return [label for batch in it for label in batch.label[0].asnumpy()[:it.batch_size - batch.pad]]
+
+
+@pytest.fixture(scope="module")
+def unique_rec(tmp_path_factory):
+    """21 images, one per class, packed in order: the label of a sample says which record it is."""
+    root = tmp_path_factory.mktemp("unique")
+    write_jpeg_tree(str(root / "jpegs"), classes=tuple(f"c{i:02d}" for i in range(21)), per_class=1, seed=3)
+    prep_rec.pack(str(root / "jpegs"), str(root / "unique"), shuffle=False)
+    return str(root / "unique")
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("channels", [3, 4])
+def test_shapes_dtypes_layouts(small_rec, layout, dtype, channels):
+    s = settings_for(small_rec, input_layout=layout, dtype=dtype, image_shape=f"{channels},32,24")
+    train, val = data.make_iters(s, 0, 1, 1, mx.cpu())
+    shape = (4, channels, 32, 24) if layout == "NCHW" else (4, 32, 24, channels)
+    for it in (train, val):
+        assert it.provide_data[0].shape == shape and it.provide_data[0].layout == layout
+        assert it.provide_data[0].dtype == np.dtype(dtype)
+        assert it.provide_label[0].shape == (4,)
+        batch = it.next()
+        x = batch.data[0]
+        assert x.shape == shape and x.dtype == np.dtype(dtype) and x.context == mx.cpu()
+        assert batch.label[0].shape == (4,) and batch.label[0].dtype == np.float32
+        x = x.asnumpy().astype(np.float32)
+        if channels == 4:
+            assert not np.any(x[:, 3] if layout == "NCHW" else x[..., 3]), "the padded channel is zero"
+        rgb = x[:, :3] if layout == "NCHW" else x[..., :3]
+        assert rgb.std() > 0.1 and np.isfinite(rgb).all(), "normalized pixels, not a blank"
+
+
+def test_non_fused_decode_path(small_rec):
+    """--dali-roi-decode 0: decoders.image + random_resized_crop gives the same kind of batch."""
+    train, _ = data.make_iters(settings_for(small_rec, dali_roi_decode=False), 0, 1, 1, mx.cpu())
+    batch = train.next()
+    assert batch.data[0].shape == (4, 3, 32, 32) and batch.data[0].asnumpy().std() > 0.1
+
+
+def test_val_labels_equal_rec_labels(small_rec):
+    _, val = data.make_iters(settings_for(small_rec), 0, 1, 1, mx.cpu())
+    assert valid_labels(val) == rec_labels(small_rec)
+    assert val.num_samples == 21 and val.steps_per_epoch == 6
+
+
+def test_train_labels_come_from_the_rec(small_rec):
+    train, _ = data.make_iters(settings_for(small_rec), 0, 1, 1, mx.cpu())
+    labels = [label for batch in train for label in batch.label[0].asnumpy()]
+    assert len(labels) == 6 * 4 and set(labels) == set(rec_labels(small_rec))
+
+
+@pytest.mark.parametrize("batch", [4, 5])
+def test_two_shards_see_each_val_image_once(unique_rec, batch):
+    """world=2: shards of 10 and 11 images, padded by repeating the last one; pad marks exactly the repeats."""
+    s = settings_for(unique_rec, num_classes=21, batch_size=batch)
+    vals = [data.make_iters(s, rank, 2, rank, mx.cpu())[1] for rank in (0, 1)]
+    assert vals[0].steps_per_epoch == vals[1].steps_per_epoch == math.ceil(11 / batch)
+    assert vals[0].num_samples == vals[1].num_samples == 21
+    seen = valid_labels(vals[0]) + valid_labels(vals[1])
+    assert sorted(seen) == list(range(21))
+    assert sum(vals[0].pads) == vals[0].steps_per_epoch * batch - 10
+    assert sum(vals[1].pads) == vals[1].steps_per_epoch * batch - 11
+    vals[0].reset()
+    vals[0].next()  # a partly read eval: reset must still start the next one at the shard's first image
+    assert valid_labels(vals[0]) == list(range(10))
+
+
+def test_fixed_seed_gives_the_same_batches(small_rec):
+    def first_batches(seed):
+        train, _ = data.make_iters(settings_for(small_rec), 0, 1, seed, mx.cpu())
+        return [(b.data[0].asnumpy(), b.label[0].asnumpy()) for b, _ in zip(train, range(3))]
+
+    a, b, c = first_batches(5), first_batches(5), first_batches(6)
+    assert all(np.array_equal(x[0], y[0]) and np.array_equal(x[1], y[1]) for x, y in zip(a, b))
+    assert not all(np.array_equal(x[0], y[0]) for x, y in zip(a, c))
+
+
+def reference_val_image(jpeg_bytes, side, crop):
+    """What the val pipeline computes, in PIL/NumPy: shorter side to `side`, centre crop, normalize (CHW).
+
+    DALI keeps the exact scale side/shorter on both axes and rounds only the output size (subpixel_scale), so
+    the source box is the output size divided by that scale, centred; PIL needs the edge pixels repeated to
+    sample just past the border as DALI does. DALI's centre crop starts at floor((size - crop) / 2 + 0.5).
+    """
+    image = Image.open(io.BytesIO(jpeg_bytes)).convert("RGB")
+    width, height = image.size
+    scale = side / min(width, height)
+    size = (round(width * scale), round(height * scale))
+    margin = 2
+    padded = Image.fromarray(np.pad(np.asarray(image), ((margin, margin), (margin, margin), (0, 0)), mode="edge"))
+    box = ((width - size[0] / scale) / 2 + margin, (height - size[1] / scale) / 2 + margin,
+           (width + size[0] / scale) / 2 + margin, (height + size[1] / scale) / 2 + margin)
+    pixels = np.asarray(padded.resize(size, Image.BILINEAR, box=box), dtype=np.float32)
+    top, left = (int(np.floor((n - crop) / 2 + 0.5)) for n in pixels.shape[:2])
+    pixels = pixels[top:top + crop, left:left + crop]
+    return ((pixels - np.array(data.MEAN)) / np.array(data.STD)).transpose(2, 0, 1)
+
+
+def test_val_numbers_equal_a_pil_reference(small_rec):
+    """Both decoders are libjpeg-turbo (identical pixels) and both resize filters are the antialiased triangle
+    filter; what remains is that each rounds its resized pixels to uint8 on its own: at most 1 level, i.e.
+    1/std after normalizing."""
+    s = settings_for(small_rec, batch_size=21, image_shape="3,32,32")
+    _, val = data.make_iters(s, 0, 1, 1, mx.cpu())
+    ours = val.next().data[0].asnumpy()
+    records = mx.recordio.MXIndexedRecordIO(small_rec + ".idx", small_rec + ".rec", "r")
+    side = round(256 * 32 / 224)
+    for key in records.keys:
+        _, jpeg = mx.recordio.unpack(records.read_idx(key))
+        reference = reference_val_image(jpeg, side, 32)
+        np.testing.assert_allclose(ours[key], reference, rtol=0, atol=1.001 / min(data.STD))
+    records.close()
+
+
+def test_train_epoch_accounting_is_the_same_on_every_rank(small_rec):
+    s = settings_for(small_rec)
+    trains = [data.make_iters(s, rank, 2, rank, mx.cpu())[0] for rank in (0, 1)]
+    expected = math.ceil(21 // 2 / 4)
+    assert data.steps_per_epoch(s, 2) == expected
+    for train in trains:
+        assert train.steps_per_epoch == expected and train.num_samples == 21
+        for _ in range(2):
+            train.reset()
+            batches = list(train)
+            assert len(batches) == expected
+            assert all(b.pad == 0 and b.data[0].shape[0] == 4 for b in batches)
+            assert train.wait_seconds > 0
+
+
+def test_synthetic_iterator(small_rec):
+    s = settings_for(small_rec, synthetic=True, num_examples=100, image_shape="4,32,32", dtype="float16")
+    train, val = data.make_iters(s, 1, 2, 1, mx.cpu())
+    assert val is None and train.steps_per_epoch == math.ceil(50 / 4) and train.num_samples == 100
+    batches = list(train)
+    assert len(batches) == train.steps_per_epoch
+    x = batches[0].data[0]
+    assert x.shape == (4, 4, 32, 32) and x.dtype == np.float16 and x.context == mx.cpu()
+    assert not x[:, 3].asnumpy().any() and batches[0].label[0].shape == (4,)
+    assert all(b.data[0] is x for b in batches), "allocated once"
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not_an_image"])
+def test_a_record_that_does_not_decode_is_named(small_rec, tmp_path, damage):
+    """DALI names a sample whose data breaks mid-decode (by byte offset, mapped to the record index); a header it
+    cannot parse comes with no name, and the .rec is searched for it."""
+    def spoil(key, header, image):
+        if key == 5:
+            image = image[:len(image) // 2] if damage == "truncated" else b"not a jpeg" * 20
+        return header, image
+
+    bad = rewrite_rec(small_rec, str(tmp_path / "bad"), spoil)
+    _, val = data.make_iters(settings_for(bad), 0, 1, 1, mx.cpu())
+    expected = "does not decode" if damage == "truncated" else "is not an image"
+    with pytest.raises(InputError, match=rf"bad\.rec: record 5 {expected}") as err:
+        list(val)
+    assert "\n" not in str(err.value)
+
+
+def test_a_label_outside_the_classes_is_named(small_rec, tmp_path):
+    bad = rewrite_rec(small_rec, str(tmp_path / "labels"),
+                      lambda key, header, image: (header._replace(label=7.0) if key == 9 else header, image))
+    _, val = data.make_iters(settings_for(bad), 0, 1, 1, mx.cpu())
+    with pytest.raises(InputError, match=r"labels\.rec: record 9 has label 7, not a class number in \[0, 3\)"):
+        list(val)
+
+
+def test_missing_idx_says_how_to_make_it(small_rec, tmp_path):
+    shutil.copy(small_rec + ".rec", tmp_path / "lonely.rec")
+    s = settings_for(str(tmp_path / "lonely"))
+    with pytest.raises(InputError, match=r"lonely\.idx: no index .* python -m rn50_mx\.prep_rec pack"):
+        data.make_iters(s, 0, 1, 1, mx.cpu())
+
+
+def test_missing_rec_is_one_line(tmp_path):
+    s = settings_for(str(tmp_path / "nowhere"))
+    with pytest.raises(InputError, match=r"nowhere\.rec: cannot read"):
+        data.make_iters(s, 0, 1, 1, mx.cpu())
+
+
+def test_decoder_cache_needs_the_gpu(small_rec):
+    with pytest.raises(InputError, match="dali-cache-size"):
+        data.make_iters(settings_for(small_rec, dali_cache_size=64), 0, 1, 1, mx.cpu())
+
+
+@pytest.mark.parametrize("train, roi, cache", [(True, True, 0), (True, False, 0), (True, False, 64),
+                                               (False, True, 0)])
+def test_gpu_graphs_are_valid_dali_graphs(small_rec, train, roi, cache):
+    """No GPU here, so nothing runs; defining the graph still makes DALI check every operator, argument name and
+    argument type of the "mixed"/GPU variants (building the pipeline would need CUDA)."""
+    s = settings_for(small_rec, device="gpu", dtype="float16", input_layout="NHWC", image_shape="4,224,224",
+                     dali_roi_decode=roi, dali_cache_size=cache, dali_hw_decoder_load=0.7,
+                     dali_preallocate_width=5980, dali_preallocate_height=6430)
+    for gpu in (True, False):
+        with Pipeline(batch_size=4, num_threads=1, device_id=0 if gpu else None):
+            images, labels, sources = data.graph(s, s.data_train, small_rec + ".idx", train, 1, 8, gpu=gpu)
+        assert images.device == ("gpu" if gpu else "cpu") and labels.device == sources.device == "cpu"

