@@ -88,16 +88,26 @@ settings=$(python -m rn50_mx.config --check "${PARAMS[@]}")
 say "${settings}"
 
 TRAIN=(python -m rn50_mx.train "${PARAMS[@]}")
-status=0
 if [[ -n "${SLURM_LOCALID:-}" ]]; then
-    bash "$SELF" --rank "${TRAIN[@]}" || status=$?
+    LAUNCH=(bash "$SELF" --rank "${TRAIN[@]}")
 elif (( DGXNGPU > 1 )); then
-    # horovodrun tags every line with its rank ("[3]<stdout>:"); MLPerf log lines must start with ":::MLLOG".
-    horovodrun -np "$DGXNGPU" -H "localhost:${DGXNGPU}" bash "$SELF" --rank "${TRAIN[@]}" 2>&1 \
-        | sed -u -E 's/^\[[0-9,]+\]<std(out|err)>:(:::MLLOG )/\2/' || status=$?
+    LAUNCH=(horovodrun -np "$DGXNGPU" -H "localhost:${DGXNGPU}" bash "$SELF" --rank "${TRAIN[@]}")
 else
-    "${TRAIN[@]}" || status=$?
+    LAUNCH=("${TRAIN[@]}")
 fi
+# In the background, so that a SIGTERM or Ctrl-C reaching this script is passed on (horovodrun then stops every
+# rank) instead of leaving the ranks running without a parent. horovodrun tags every line with its rank
+# ("[3]<stdout>:"); MLPerf log lines must start with ":::MLLOG", so the tag is taken off those.
+"${LAUNCH[@]}" > >(sed -u -E 's/^\[[0-9,]+\]<std(out|err)>:(:::MLLOG )/\2/') &
+launcher=$!
+trap 'kill -TERM "$launcher" 2>/dev/null' TERM INT
+status=0
+wait "$launcher" || status=$?
+while kill -0 "$launcher" 2>/dev/null; do  # a trapped signal ends `wait` early: wait for the launcher to stop
+    wait "$launcher" || status=$?
+done
+trap - TERM INT
+wait  # the log filter, so that its last lines come before ENDING/RESULT
 if (( status != 0 )); then
     echo "run_and_time.sh: training failed with exit code ${status}" >&2
     exit "$status"

@@ -4,14 +4,18 @@ A bad setting must stop every entry point with one line naming the variable; eve
 validate (GPU configs too: validation needs no GPU); the shell passes shellcheck; and two bare-metal trials of
 config/CPU.sh, shrunk to a few images, leave two logs that the timing tool reads.
 """
+import contextlib
 import glob
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 
 from conftest import write_jpeg_tree
@@ -287,3 +291,34 @@ def test_two_ranks_start_through_horovodrun_and_log_parseable_lines(tiny_data, t
     assert mllog(log, "global_batch_size") == [8]
     assert len(mllog(log, "run_stop")) == 1
     assert re.search(r"^RESULT,IMAGE_CLASSIFICATION,,\d+,", result.stdout, re.M)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_sigterm_on_run_and_time_stops_every_rank(tiny_data, tmp_path, ranks):
+    """A `kill` of the launcher script reaches training (through horovodrun with 2 ranks): nothing is left."""
+    env = {**TINY, "NUMEPOCHS": "200", "ACCURACY_THRESHOLD": "1.0", "DGXNGPU": str(ranks), "KVSTORE": "horovod", "DATADIR": tiny_data}
+    exports = "".join(f"export {name}={value!r}; " for name, value in env.items())
+    out = tmp_path / "out.txt"
+    with open(out, "w") as sink:
+        proc = subprocess.Popen(["bash", "-c", f"source config/CPU.sh; {exports}exec ./run_and_time.sh"],
+                                env={"PATH": ENV_PATH, "HOME": os.environ.get("HOME", "/tmp")}, cwd=ROOT,
+                                stdout=sink, stderr=subprocess.STDOUT)
+    procs = []
+    try:
+        deadline = time.time() + 300
+        while '"key": "epoch_start"' not in out.read_text():  # training has started
+            assert proc.poll() is None and time.time() < deadline, out.read_text()[-3000:]
+            time.sleep(0.5)
+        procs = psutil.Process(proc.pid).children(recursive=True)
+        assert sum("rn50_mx.train" in " ".join(p.cmdline()) for p in procs) >= ranks, procs
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) != 0
+        _, alive = psutil.wait_procs(procs, timeout=15)
+        alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not alive, [p.cmdline() for p in alive]
+        assert "RESULT," not in out.read_text()
+    finally:  # whatever the outcome, nothing this test started keeps running
+        for p in [*procs, psutil.Process(proc.pid)] if proc.poll() is None else procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()

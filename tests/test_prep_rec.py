@@ -230,22 +230,16 @@ def test_non_image_file_is_one_line_or_skipped(tree, tmp_path):
     assert len(read_records(str(tmp_path / "out"))[1]) == len(CLASSES) * PER_CLASS
 
 
-def test_unreadable_file_is_one_line(jpeg_tree, small_rec, tmp_path):
-    lst = tmp_path / "gone.lst"
-    lst.write_text(open(small_rec + ".lst").read() + f"99\t0.000000\t{CLASSES[0]}/gone.jpg\n")
-    assert_one_line_error(cli("pack", jpeg_tree, tmp_path / "out", "--list", lst),
-                          os.path.join(jpeg_tree, CLASSES[0], "gone.jpg"))
-    lst.write_text("0\tzero\tbag/img000.jpg\n")
-    assert_one_line_error(cli("pack", jpeg_tree, tmp_path / "out", "--list", lst), f"{lst}:1")
-    assert_one_line_error(cli("verify", tmp_path / "out"), tmp_path / "out.idx")
-    assert not list(tmp_path.glob("out*"))
-
-
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
-def test_file_without_read_permission_is_one_line(tree, tmp_path):
+def test_unreadable_file_is_one_line(tree, small_rec, tmp_path):
+    """Mode 0 stops other users; root reads any mode (CI runs as root), so there a listed path that is a directory
+    stands for the file that cannot be read."""
     locked = tree / CLASSES[2] / "img000.jpg"
-    locked.chmod(0)
-    assert_one_line_error(cli("pack", tree, tmp_path / "out"), locked)
+    if os.geteuid() == 0:
+        locked.unlink()
+        locked.mkdir()
+    else:
+        locked.chmod(0)
+    assert_one_line_error(cli("pack", tree, tmp_path / "out", "--list", small_rec + ".lst"), locked)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
