@@ -133,7 +133,11 @@ def run(s):
     log.event(K.SEED, base_seed)
     ctx = mx.gpu(d.local_rank) if s.device == "gpu" else mx.cpu()
     net = model.build_model(s, ctx)
+    for name, param in net.collect_params().items():  # the 161 tensors rulesets 1.1-2.1 require by name
+        if param.grad_req != "null":
+            log.event(K.WEIGHTS_INITIALIZATION, metadata={"tensor": name})
     d.broadcast_params(net.collect_params())
+    net.hybridize(static_alloc=True, static_shape=True)
     loss_fn = optim.make_loss(s)
     steps = data.steps_per_epoch(s, d.size)
     trainer = optim.make_trainer(net, s, steps, d.trainer)

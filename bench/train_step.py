@@ -1,0 +1,226 @@
+"""Training images/s of the demo configuration: synthetic against real data, hybridized against imperative.
+
+Synthetic batches against the real DALI pipeline, and a hybridized network against an imperative one, side by
+side in one run.
+
+    .venv/bin/python bench/train_step.py [--rounds 5] [--steps 5] [--per-class 100] [--sweep]
+                                         [rn50_mx.train flags, e.g. --dali-threads 1]
+
+The configuration is config/CPU.sh's (sourced: image shape, batch, classes, DALI threads, LARS), plus the flags
+given. The real data are Fashion-MNIST photographs at the demo's size, PER_CLASS per class, made by
+`rn50_mx.prep_rec.make_fashion_mnist` (what `python -m rn50_mx.prep_rec fashion-mnist DIR` runs) and cached in
+$TMPDIR/rn50_mx_bench_train_step. Synthetic is `--synthetic 1`: one random batch made once, no input work.
+
+Four contenders train the real ResNet-50 with train.train_step: synthetic and real data, each on an imperative
+network (what train.py runs) and on a hybridized one (hybridize(static_alloc, static_shape), loss included).
+Both data sources feed both networks. A fifth fetches the real batches and trains nothing: what the input costs.
+Each round times every contender for STEPS steps; before them it takes DRAIN steps, each waited for, which are
+not timed: they absorb the hybridized graph's first build and the batches DALI prefetched while other contenders
+were timed (a head start that would flatter the real data). A first round is not counted at all, and every
+other round takes the contenders in reverse order. Figures are medians over the rounds: images/s; images per
+CPU-second of the process (all its threads, DALI's and MXNet's); and the share of the time the loop spent inside
+next() on the iterator (for real data, waiting for DALI; the engine computes meanwhile).
+
+The real/synthetic ratio is how the Inspur article measures the input pipeline: at 1.0 the input costs nothing.
+Here data and compute share the same cores, so the real pipeline's decoding takes CPU from the model; its share
+of the CPU (training images per CPU-second / input images per CPU-second) bounds what it can cost on cores that
+training keeps busy, and unlike the wall-clock ratio it hardly moves when other work shares the machine.
+--sweep reruns the real/synthetic comparison (imperative) in fresh processes with other thread settings:
+OMP_NUM_THREADS and OMP_WAIT_POLICY must be set before MXNet loads; DALI threads and prefetch depth are flags.
+
+Last line: real/synthetic and hybridized/imperative, each for both of the other's two cases.
+
+Measured on 2 cores shared with two other trainings (MXNet 1.9.1, DALI 2.4; wall rates swing 25 % between
+rounds there): real/synthetic 0.99-1.12, the input taking 0.4 % of the CPU (DALI alone: ~17,000 images per
+CPU-second at 32x32, training ~80); hybridized/imperative 1.15-1.31. Without OMP_NUM_THREADS MXNet computes on
+one thread here (images/s = images per CPU-second); OMP_NUM_THREADS=2 gave 118-127 against 83 images/s once,
+when a core was free, and nothing measurable while both were busy.
+"""
+import argparse
+import functools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from rn50_mx import config  # noqa: E402
+from rn50_mx.errors import run_cli  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CACHE = os.path.join(tempfile.gettempdir(), "rn50_mx_bench_train_step")
+MARK = "TRAIN_STEP_RESULT "
+DRAIN = 3  # untimed steps before each timed window: DALI's prefetch depth (2) + 1
+NO_TRAINING = "real, no training"
+# --sweep: (label, environment, rn50_mx.train flags) of each fresh process.
+SWEEP = [
+    ("as config/CPU.sh", {}, []),
+    ("OMP_NUM_THREADS=1", {"OMP_NUM_THREADS": "1"}, []),
+    ("OMP_NUM_THREADS=2", {"OMP_NUM_THREADS": "2"}, []),
+    ("OMP_WAIT_POLICY=PASSIVE", {"OMP_WAIT_POLICY": "PASSIVE"}, []),
+    ("DALI_THREADS=1", {}, ["--dali-threads=1"]),
+    ("DALI_THREADS=1 OMP_NUM_THREADS=2", {"OMP_NUM_THREADS": "2"}, ["--dali-threads=1"]),
+    ("DALI_PREFETCH_QUEUE=1", {}, ["--dali-prefetch-queue=1"]),
+    ("DALI_PREFETCH_QUEUE=4", {}, ["--dali-prefetch-queue=4"]),
+]
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    parser.add_argument("--rounds", type=int, default=5, help="counted rounds (one more, uncounted, comes first)")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per contender and round")
+    parser.add_argument("--per-class", type=int, default=100, help="Fashion-MNIST train photographs per class")
+    parser.add_argument("--sweep", action="store_true", help="also compare thread settings in fresh processes")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return parser.parse_known_args(argv)
+
+
+def demo_environ():
+    """The environment config/CPU.sh exports, as run_and_time.sh would see it."""
+    result = subprocess.run(["bash", "-c", "source config/CPU.sh && env -0"], cwd=ROOT, capture_output=True,
+                            check=True)
+    return dict(item.split("=", 1) for item in result.stdout.decode().split("\0") if "=" in item)
+
+
+def demo_data(per_class, size):
+    """Prefix of the cached train .rec: Fashion-MNIST at size x size, per_class images per class."""
+    from rn50_mx import prep_rec
+
+    out_dir = os.path.join(CACHE, f"fashion-mnist-{size}px-{per_class}")
+    prep_rec.make_fashion_mnist(out_dir, size=size, train_per_class=per_class, val_per_class=1)
+    return os.path.join(out_dir, "train")
+
+
+def settings(args, train_flags):
+    """config/CPU.sh's settings on the benchmark data, with `train_flags` on top."""
+    environ = demo_environ()
+    size = config.load([], environ, prog="bench/train_step.py").image_chw[1]
+    prefix = demo_data(args.per_class, size)
+    return config.load(["--data-train", prefix + ".rec", "--seed", "1", *train_flags], environ,
+                       prog="bench/train_step.py")
+
+
+def endless(it):
+    """The batches of `it`, epoch after epoch."""
+    while True:
+        yield from it
+        it.reset()
+
+
+def measure(step, batches, batch_size, steps):
+    """(images/s, images per CPU-second of this process, share of the time spent in next()) over `steps`
+    training steps, after DRAIN untimed ones."""
+    for _ in range(DRAIN):
+        step(next(batches)).wait_to_read()
+    waited, total = 0.0, 0.0
+    tic, cpu = time.perf_counter(), time.process_time()
+    for _ in range(steps):
+        asked = time.perf_counter()
+        batch = next(batches)
+        waited += time.perf_counter() - asked
+        total = step(batch) + total
+    total.wait_to_read()  # the engine runs behind Python: the steps are done only when their losses are
+    seconds = time.perf_counter() - tic
+    return steps * batch_size / seconds, steps * batch_size / (time.process_time() - cpu), waited / seconds
+
+
+def no_training(batch):
+    """The input alone: the batch is fetched and touched, no model runs (what decoding costs per image)."""
+    return batch.label[0].sum()
+
+
+def contenders(s, modes):
+    """name -> (step function, endless batches): synthetic and real data on each network mode in `modes`, and
+    the real data with no training."""
+    import mxnet as mx
+    from rn50_mx import data, dist, model, optim, train
+
+    _, seed = train.rank_seed(s, dist.Single())
+    ctx = mx.cpu()
+    synthetic, _ = data.make_iters(s.replace(synthetic=True), 0, 1, seed, ctx)
+    real, _ = data.make_iters(s, 0, 1, seed, ctx)
+    sources = {"synthetic": endless(synthetic), "real": endless(real)}
+    runs = {}
+    for mode in modes:
+        net, loss_fn = model.build_model(s, ctx), optim.make_loss(s)
+        if mode == "hybridized":
+            net.hybridize(static_alloc=True, static_shape=True)
+            loss_fn.hybridize(static_alloc=True, static_shape=True)
+        trainer = optim.make_trainer(net, s, real.steps_per_epoch, dist.Single().trainer)
+        step = functools.partial(train.train_step, net, loss_fn, trainer)
+        for source, batches in sources.items():
+            runs[f"{source} {mode}"] = (step, batches)
+    runs[NO_TRAINING] = (no_training, sources["real"])
+    return runs
+
+
+def compare(s, args, modes, verbose):
+    """Medians over the rounds: {name: (images/s, images per CPU-second, next() share)}."""
+    runs = contenders(s, modes)
+    rates = {name: [] for name in runs}
+    for r in range(args.rounds + 1):
+        for name in list(runs)[::1 if r % 2 else -1]:  # every other round backwards: no contender always first
+            rate = measure(*runs[name], s.batch_size, args.steps)
+            if r > 0:
+                rates[name].append(rate)
+        if verbose and r > 0:
+            print(f"round {r}: " + ", ".join(f"{name} {v[-1][0]:.1f}" for name, v in rates.items()), flush=True)
+    return {name: tuple(statistics.median(column) for column in zip(*values)) for name, values in rates.items()}
+
+
+def worker(args, train_flags):
+    """One --sweep process: real against synthetic on the imperative network, as one JSON line."""
+    medians = compare(settings(args, train_flags), args, ["imperative"], verbose=False)
+    print(MARK + json.dumps(medians), flush=True)
+
+
+def sweep(args, train_flags):
+    """The SWEEP settings, each in a fresh process; a line each with its images/s and real/synthetic ratio."""
+    print(f"sweep, imperative network, {args.rounds} rounds x {args.steps} steps each; images/s (per CPU-second):")
+    for label, env, flags in SWEEP:
+        command = [sys.executable, os.path.abspath(__file__), "--worker", f"--rounds={args.rounds}",
+                   f"--steps={args.steps}", f"--per-class={args.per_class}", *train_flags, *flags]
+        result = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True)
+        lines = [line.split(MARK, 1)[1] for line in result.stdout.splitlines() if MARK in line]
+        if result.returncode != 0 or not lines:
+            sys.exit(f"bench/train_step.py: {label} failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
+        m = json.loads(lines[0])
+        (real, real_cpu, wait), (synth, synth_cpu, _) = m["real imperative"], m["synthetic imperative"]
+        print(f"  {label:34s} synthetic {synth:5.1f} ({synth_cpu:5.1f})  real {real:5.1f} ({real_cpu:5.1f}), "
+              f"next() {wait:3.0%}, input {input_share(m, 'imperative'):4.1%} of the CPU; "
+              f"real/synthetic {real / synth:.2f} (per CPU-s {real_cpu / synth_cpu:.2f})", flush=True)
+
+
+def input_share(m, mode):
+    """Share of the process's CPU time that the input pipeline takes when it feeds training in `mode`."""
+    return m[f"real {mode}"][1] / m[NO_TRAINING][1]
+
+
+def main():
+    args, train_flags = parse_args()
+    if args.worker:
+        return worker(args, train_flags)
+    s = settings(args, train_flags)  # a bad flag stops here, in one line
+    print(f"config/CPU.sh: ResNet-50, {s.image_shape} images, batch {s.batch_size}, {s.num_classes} classes, "
+          f"{s.dali_threads} DALI threads, prefetch {s.dali_prefetch_queue}; OMP_NUM_THREADS="
+          f"{os.environ.get('OMP_NUM_THREADS', 'unset')}; extra flags: {' '.join(train_flags) or '-'}")
+    m = compare(s, args, ["imperative", "hybridized"], verbose=True)
+    print(f"medians of {args.rounds} rounds x {args.steps} steps (after {DRAIN} untimed): images/s, "
+          "images per CPU-second of the process, share of the time in next():")
+    for name, (rate, cpu_rate, wait) in m.items():
+        print(f"  {name:22s} {rate:6.1f}  {cpu_rate:6.1f}  {wait:4.0%}")
+    print(f"the input takes {input_share(m, 'imperative'):.1%} (imperative), {input_share(m, 'hybridized'):.1%} "
+          "(hybridized) of the CPU time of training on real data (training per CPU-second / input per CPU-second)")
+    ratio = {mode: m[f"real {mode}"][0] / m[f"synthetic {mode}"][0] for mode in ("imperative", "hybridized")}
+    hybrid = {src: m[f"{src} hybridized"][0] / m[f"{src} imperative"][0] for src in ("synthetic", "real")}
+    if args.sweep:
+        sweep(args, train_flags)
+    print(f"real/synthetic {ratio['imperative']:.2f} imperative, {ratio['hybridized']:.2f} hybridized; "
+          f"hybridized/imperative {hybrid['synthetic']:.2f} synthetic, {hybrid['real']:.2f} real")
+
+
+if __name__ == "__main__":
+    run_cli(main, "bench/train_step.py")
