@@ -1,11 +1,21 @@
 """Shared real data for the tests: small JPEG class folders cut from Fashion-MNIST, and their packed .rec."""
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from rn50_mx import prep_rec
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The python of this test run, and its horovodrun, come first on PATH: the scripts call `python`.
+ENV_PATH = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
+
+
+# What the compliance checker says of a short run's log whose structure is right: only the target is missing.
+CHECKER_ON_A_SHORT_RUN = ("FAILED", "Failed checks for eval_accuracy : v['value'] >= 0.7590 and v['value'] < 1.0")
 
 CLASSES = ("ankle_boot", "bag", "coat")  # sorted, so labels are 0, 1, 2
 PER_CLASS = 7
@@ -37,3 +47,24 @@ def small_rec(jpeg_tree, tmp_path_factory):
     prefix = str(tmp_path_factory.mktemp("rec") / "small")
     prep_rec.pack(jpeg_tree, prefix, shuffle=False)
     return prefix
+
+
+def bash(script, env=None, cwd=ROOT, timeout=120):
+    """Run `script` with bash -c in a clean environment (plus `env`); returns the CompletedProcess."""
+    full_env = {"PATH": ENV_PATH, "HOME": os.environ.get("HOME", "/tmp"), **(env or {})}
+    return subprocess.run(["bash", "-c", script], env=full_env, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def sourced(system, command, env=None, **kwargs):
+    """`command` after `source config/<system>.sh`, with the environment `env` exported after the config."""
+    exports = "".join(f"export {name}={value!r}; " for name, value in (env or {}).items())
+    return bash(f"set -euo pipefail; source config/{system}.sh; {exports}{command}", **kwargs)
+
+
+def assert_one_line_naming(result, name):
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert name in lines[0] and "Traceback" not in result.stderr
+    assert "RESULT," not in result.stdout

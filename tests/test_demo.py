@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from rn50_mx import timing
-from test_launch import sourced
+from conftest import sourced
 
 
 @pytest.mark.slow

@@ -12,48 +12,21 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import psutil
 import pytest
 
-from conftest import write_jpeg_tree
+from conftest import ENV_PATH, ROOT, assert_one_line_naming, sourced, write_jpeg_tree
 from rn50_mx import prep_rec
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ["run_and_time.sh", "run_with_docker.sh", "run.sub"]
 SYSTEMS = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "config", "*.sh"))
                  if not p.endswith("_common.sh"))
-# The python of this test run, and its horovodrun, come first on PATH: the scripts call `python`.
-ENV_PATH = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
-
-
-def bash(script, env=None, cwd=ROOT, timeout=120):
-    """Run `script` with bash -c in a clean environment (plus `env`); returns the CompletedProcess."""
-    full_env = {"PATH": ENV_PATH, "HOME": os.environ.get("HOME", "/tmp"), **(env or {})}
-    return subprocess.run(["bash", "-c", script], env=full_env, cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def sourced(system, command, env=None, **kwargs):
-    """`command` after `source config/<system>.sh`, with the environment `env` exported after the config."""
-    exports = "".join(f"export {name}={value!r}; " for name, value in (env or {}).items())
-    return bash(f"set -euo pipefail; source config/{system}.sh; {exports}{command}", **kwargs)
-
-
 def settings_table(text):
     """The `--check` listing as {flag: (value, origin)}."""
     rows = (line.split() for line in text.splitlines() if line.startswith("--"))
     return {row[0]: (row[1] if len(row) == 3 else "", row[-1]) for row in rows}
-
-
-def assert_one_line_naming(result, name):
-    assert result.returncode != 0
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert name in lines[0] and "Traceback" not in result.stderr
-    assert "RESULT," not in result.stdout
 
 
 BAD = [("BATCHSIZE", "abc"), ("LR", "-1"), ("DALI_FOO", "1"), ("BN_GROUP", "2")]

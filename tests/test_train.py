@@ -14,8 +14,7 @@ import pytest
 
 from rn50_mx import config, prep_rec, timing, train
 from rn50_mx.config import Settings
-from test_dist import CHECKER_ON_A_SHORT_RUN
-from test_launch import assert_one_line_naming
+from conftest import CHECKER_ON_A_SHORT_RUN, assert_one_line_naming
 
 CLASSES = ("1_trouser", "5_sandal", "8_bag")  # Fashion-MNIST folders; labels 0, 1, 2 in this order
 PER_CLASS = 10
