@@ -84,8 +84,11 @@ PARAMS=(
     --data-val "${DATADIR}/val.rec"
 )
 # A bad setting stops here, before any rank starts, with one line naming the variable.
-settings=$(python -m rn50_mx.config --check "${PARAMS[@]}")
-say "${settings}"
+# Under srun every task runs this script: only the leader checks, the job already checked before it started.
+if [[ "$leader" == 1 ]]; then
+    settings=$(python -m rn50_mx.config --check "${PARAMS[@]}")
+    echo "${settings}"
+fi
 
 TRAIN=(python -m rn50_mx.train "${PARAMS[@]}")
 if [[ -n "${SLURM_LOCALID:-}" ]]; then

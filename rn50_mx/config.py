@@ -227,7 +227,9 @@ def from_environ(environ):
             if text not in REFERENCE_ONLY_ENV[name] + ("",):
                 raise SettingsError(f"{name}={text!r}: rn50_mx supports only {name}={REFERENCE_ONLY_ENV[name][0]}")
         elif name.startswith(OWNED_ENV_PREFIXES):
-            raise SettingsError(f"{name}: unknown variable (known: {', '.join(sorted(k for k in by_env if k.startswith(name[:5])))})")
+            prefix = next(p for p in OWNED_ENV_PREFIXES if name.startswith(p))
+            known = ", ".join(sorted(k for k in by_env if k.startswith(prefix)))
+            raise SettingsError(f"{name}: unknown variable (known: {known})")
     return values
 
 
