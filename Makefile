@@ -41,9 +41,9 @@ test: venv
 # The demo runs exactly what a GPU user runs: config file -> run_with_docker.sh (bare machine: CONT unset)
 # -> run_and_time.sh -> python -m rn50_mx.train, then the timing tool and the MLPerf compliance checker.
 demo: venv
-	source config/CPU.sh && $(PY) -m rn50_mx.prep_rec fashion-mnist $(DATA) $$FMNIST_ARGS
-	$(PY) -m rn50_mx.prep_rec verify $(DATA)/train --num-classes 10
-	$(PY) -m rn50_mx.prep_rec verify $(DATA)/val --num-classes 10
+	source config/CPU.sh && $(PY) -m rn50_mx.prep_rec fashion-mnist $(DATA) $$FMNIST_ARGS && \
+	  $(PY) -m rn50_mx.prep_rec verify $(DATA)/train --num-classes $$NUM_CLASSES && \
+	  $(PY) -m rn50_mx.prep_rec verify $(DATA)/val --num-classes $$NUM_CLASSES
 	source config/CPU.sh && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" DATADIR=$(DATA) LOGDIR=$(LOGDIR) NEXP=$(NEXP) \
 	  ./run_with_docker.sh
 

@@ -10,8 +10,8 @@ Contenders: ours (readers.mxnet -> fused decoders.image_random_crop -> resize ->
 DataIter), ours non-fused (decoders.image -> random_resized_crop), ours antialiased, and mx.io.ImageRecordIter
 (random_resized_crop=True, preprocess_threads=THREADS); --sweep adds prefetch depths 1 and 4 and one more thread.
 
-The data: IMAGES ImageNet-like JPEGs (about 500x375, quality 95, ~54 KB: collages of Fashion-MNIST photographs
-in random colours), packed with rn50_mx.prep_rec.pack and cached in $TMPDIR/rn50_mx_bench_pipeline.
+The data: IMAGES ImageNet-like JPEGs, the same as bench/prep_rec.py makes (500x375, quality 95, ~100 KB:
+coloured Fashion-MNIST photographs), packed with rn50_mx.prep_rec.pack and cached in $TMPDIR/rn50_mx_bench_pipeline.
 
 Each round times every contender in turn; before its timed batches each contender first drains what its
 workers prefetched while the others were being timed (a head start that would flatter it). The figures are
@@ -47,47 +47,20 @@ ARGS = parse_args()
 os.environ["OMP_NUM_THREADS"] = str(ARGS.threads)
 
 import mxnet as mx  # noqa: E402
-import numpy as np  # noqa: E402
-from PIL import Image  # noqa: E402
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from rn50_mx import data, prep_rec  # noqa: E402
 from rn50_mx.config import Settings  # noqa: E402
+from prep_rec import make_tree  # noqa: E402  (bench/prep_rec.py, beside this file)
 
 CACHE = os.path.join(tempfile.gettempdir(), "rn50_mx_bench_pipeline")
-GRID = (8, 6)  # tiles across and down: 8 x 6 tiles of 56-70 px make about 500 x 375
-
-
-def collage(images, labels, rng):
-    """One ImageNet-sized colour photograph made of Fashion-MNIST pieces; its label is the first piece's."""
-    cols, rows = GRID
-    tile_w, tile_h = (int(v) for v in rng.randint(56, 71, 2))
-    canvas = np.zeros((rows * tile_h, cols * tile_w, 3), np.float32)
-    picks = rng.randint(0, len(images), cols * rows)
-    for k, i in enumerate(picks):
-        shade = np.asarray(Image.fromarray(images[i]).resize((tile_w, tile_h), Image.BICUBIC), np.float32)
-        shade = shade[..., None] / 255
-        y, x = divmod(k, cols)
-        fg, bg = rng.uniform(0, 255, 3), rng.uniform(0, 255, 3)
-        canvas[y * tile_h:(y + 1) * tile_h, x * tile_w:(x + 1) * tile_w] = bg * (1 - shade) + fg * shade
-    return Image.fromarray(canvas.round().astype(np.uint8)), int(labels[picks[0]])
-
-
 def make_rec(count):
-    """PREFIX of a packed .rec of `count` collages, made once and cached."""
-    prefix = os.path.join(CACHE, f"collages{count}")
+    """PREFIX of a packed .rec of `count` ImageNet-like JPEGs (bench/prep_rec.py's tree), made once and cached."""
+    prefix = os.path.join(CACHE, f"fabric{count}")
     if os.path.exists(prefix + ".idx"):  # pack publishes the .idx last
         return prefix
-    images, labels = prep_rec.load_fashion_mnist("train")
-    rng = np.random.RandomState(0)
-    os.makedirs(CACHE, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=CACHE) as root:
-        for name in prep_rec.FASHION_MNIST_CLASSES:
-            os.makedirs(os.path.join(root, name))
-        for n in range(count):
-            photo, label = collage(images, labels, rng)
-            photo.save(os.path.join(root, prep_rec.FASHION_MNIST_CLASSES[label], f"{n:05d}.jpg"), quality=95)
-        print(prep_rec.pack(root, prefix, workers=2).line(), file=sys.stderr)
+    root = os.path.join(CACHE, f"jpegs{count}")
+    make_tree(root, count)
+    print(prep_rec.pack(root, prefix, workers=2).line(""), file=sys.stderr)
     return prefix
 
 

@@ -39,14 +39,14 @@ def event(key, value=None, metadata=None):
         _logger.event(key, value, metadata)
 
 
-def submission(s, cache_cleared):
+def submission(s):
     """The submission_* keys and cache_clear that the reference's launcher writes before each trial."""
     event(K.SUBMISSION_BENCHMARK, K.RESNET)
     event(K.SUBMISSION_ORG, s.submission_org)
     event(K.SUBMISSION_DIVISION, K.CLOSED)
     event(K.SUBMISSION_STATUS, K.ONPREM)
     event(K.SUBMISSION_PLATFORM, f"{s.dgxnnodes}x{s.dgxsystem}")
-    event(K.CACHE_CLEAR, cache_cleared)
+    event(K.CACHE_CLEAR, s.cache_cleared)
 
 
 def hyperparameters(s, global_batch):

@@ -128,7 +128,7 @@ def run(s):
     d = dist.init(s)
     log.configure(d.rank, s.mllog_file)
     log.start(K.INIT_START, every_rank=True)
-    log.submission(s, s.cache_cleared)
+    log.submission(s)
     base_seed, seed = rank_seed(s, d)
     log.event(K.SEED, base_seed)
     ctx = mx.gpu(d.local_rank) if s.device == "gpu" else mx.cpu()
