@@ -1,5 +1,5 @@
-# rn50-mx in NVIDIA's MXNet container. The base image brings MXNet, DALI with its MXNet plugin, Horovod (MPI and
-# NCCL), OpenMPI and CUDA; this adds the rn50_mx package, mlperf-logging and the launch scripts.
+# rn50-mx in NVIDIA's MXNet container. The base image brings MXNet, Horovod (MPI and NCCL), OpenMPI and CUDA; this
+# adds a newer DALI, the rn50_mx package, mlperf-logging and the launch scripts.
 #   docker build -t rn50-mx .    then    CONT=rn50-mx ./run_with_docker.sh   (README)
 #
 # Base: NGC MXNet 22.11-py3, the newest release whose notes we could read that lists MXNet (1.9.1), DALI (1.18.0)
@@ -13,9 +13,13 @@ FROM ${FROM_IMAGE_NAME}
 WORKDIR /workspace/rn50
 COPY setup.py ./
 COPY rn50_mx/ rn50_mx/
-# --no-deps keeps the image's MXNet, DALI, Horovod and numpy; mlperf-logging is pinned as in setup.py.
+# --no-deps keeps the image's MXNet, Horovod and numpy; mlperf-logging is pinned as in setup.py. DALI is replaced:
+# rn50_mx hands DALI's batches to MXNet without a copy, which needs the dynamic executor (DALI >= 1.44; the
+# image's 1.18 recycles output buffers while MXNet may still read them) and reads GPU image shapes on the CPU.
+# 1.48 is the newest CUDA 11 build we expect to still install on the image's Python 3.8 (not built here).
 RUN pip install --no-cache-dir --no-deps . \
- && pip install --no-cache-dir "mlperf-logging==4.1.68" "tqdm==4.67.1"
+ && pip install --no-cache-dir "mlperf-logging==4.1.68" "tqdm==4.67.1" \
+ && pip install --no-cache-dir --extra-index-url https://pypi.nvidia.com "nvidia-dali-cuda110==1.48.0"
 COPY run_and_time.sh ./
 COPY config/ config/
 

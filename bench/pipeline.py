@@ -6,9 +6,14 @@ Same augmentation and the same worker threads for every contender: random-resize
 aspect [3/4, 4/3]) to 224x224 with a bilinear filter, random mirror, ImageNet mean/std, float32 NCHW batches as
 mx.nd on the CPU. ImageRecordIter resizes with OpenCV's bilinear filter, which does not antialias, so "ours"
 runs with --dali-resize-antialias 0; "ours antialiased" is DALI's default filter (the reference's).
-Contenders: ours (readers.mxnet -> fused decoders.image_random_crop -> resize -> crop_mirror_normalize -> our
-DataIter), ours non-fused (decoders.image -> random_resized_crop), ours antialiased, and mx.io.ImageRecordIter
-(random_resized_crop=True, preprocess_threads=THREADS); --sweep adds prefetch depths 1 and 4 and one more thread.
+Contenders:
+  ours              readers.mxnet -> fused decoders.image_random_crop -> experimental.warp_perspective (a pure
+                    scale: plain bilinear, what data.py uses without antialiasing) -> crop_mirror_normalize -> our
+                    DataIter
+  ours non-fused    decoders.image -> random_resized_crop (DALI's resampling kernel, not antialiased)
+  ours antialiased  the fused decode -> fn.resize with its default antialiasing
+  ImageRecordIter   random_resized_crop=True, preprocess_threads=THREADS
+--sweep adds prefetch depths 1 and 4 and one more thread.
 
 The data: IMAGES ImageNet-like JPEGs, the same as bench/prep_rec.py makes (500x375, quality 95, ~100 KB:
 coloured Fashion-MNIST photographs), packed with rn50_mx.prep_rec.pack and cached in $TMPDIR/rn50_mx_bench_pipeline.

@@ -71,7 +71,8 @@ class Settings:
     dali_num_attempts: int = _opt(10, "random crop attempts before the fallback", env="DALI_NUM_ATTEMPTS",
                                   low=1)
     dali_resize_antialias: bool = _opt(True, "antialias when resizing down (DALI's default; 0 = plain bilinear as "
-                                       "ImageRecordIter, ~25% less CPU per image)", env="DALI_RESIZE_ANTIALIAS")
+                                       "ImageRecordIter: a third less CPU per train image, bench/pipeline.py)",
+                                       env="DALI_RESIZE_ANTIALIAS")
     dali_tmp_buffer_hint: int = _opt(25273239, "resize temp buffer hint, bytes", env="DALI_TMP_BUFFER_HINT",
                                      low=0)
     dali_decoder_buffer_hint: int = _opt(1315942, "decoder bytes per sample hint",

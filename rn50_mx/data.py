@@ -1,7 +1,8 @@
 """Input pipelines (spec §8): DALI reads the .rec, decodes and augments; our DataIter hands the batches to MXNet.
 
-    train: readers.mxnet (sharded, shuffled) -> decoders.image_random_crop -> resize to H,W
-           -> crop_mirror_normalize (coin-flip mirror, ImageNet mean/std, zero 4th channel when C=4)
+    train: readers.mxnet (sharded, shuffled) -> decoders.image_random_crop -> resize to H,W (antialiased, or
+           plain bilinear by a scaling warp) -> crop_mirror_normalize (coin-flip mirror, ImageNet mean/std,
+           zero 4th channel when C=4)
            (--dali-roi-decode 0 or a decoder cache: decoders.image -> random_resized_crop instead)
     val:   readers.mxnet (sharded, padded) -> decoders.image -> resize shorter side -> centre crop + normalize
 
@@ -186,7 +187,7 @@ def nvjpeg_knobs(s):
 def build_pipeline(s, rec, idx, train, rank, world, seed, device_id):
     """The DALI pipeline of one split for one rank. device_id None runs everything on the CPU."""
     pipe = Pipeline(batch_size=s.batch_size, num_threads=s.dali_threads, device_id=device_id, seed=seed,
-                    prefetch_queue_depth=s.dali_prefetch_queue)
+                    prefetch_queue_depth=s.dali_prefetch_queue, exec_dynamic=True)  # see to_ndarray
     with pipe:
         pipe.set_outputs(*graph(s, rec, idx, train, rank, world, gpu=device_id is not None))
     return pipe
@@ -213,7 +214,7 @@ def graph(s, rec, idx, train, rank, world, gpu):
     filt = dict(antialias=s.dali_resize_antialias)  # DALI's linear filter; antialiased unless turned off
     if train and s.dali_roi_decode and not cache:
         images = fn.decoders.image_random_crop(jpegs, **crop_area, **decoder)
-        images = fn.resize(images, resize_x=w, resize_y=h, bytes_per_sample_hint=s.dali_decoder_buffer_hint, **filt)
+        images = stretch(images, h, w, s)
     else:
         cached = dict(cache_type="threshold", cache_size=s.dali_cache_size, cache_threshold=0) if cache else {}
         images = fn.decoders.image(jpegs, **cached, **decoder)
@@ -230,6 +231,28 @@ def graph(s, rec, idx, train, rank, world, gpu):
     return images, labels, fn.get_property(jpegs, key="source_info")
 
 
+def stretch(images, h, w, s):
+    """Each image resized to exactly h x w, its aspect ratio not kept, as the reference's train Resize.
+
+    Without antialiasing the filter is plain bilinear (ImageRecordIter's). DALI's perspective warp with a pure
+    scale computes the same values as fn.resize(antialias=False), within 1 level, at about half its CPU cost:
+    fn.resize's horizontal pass is scalar code (bench/pipeline.py shows the difference).
+    """
+    if s.dali_resize_antialias:
+        return fn.resize(images, resize_x=w, resize_y=h, bytes_per_sample_hint=s.dali_decoder_buffer_hint)
+    return fn.experimental.warp_perspective(
+        images, matrix=scale_matrix(images, h, w), size=[h, w], interp_type=types.INTERP_LINEAR, pixel_origin="corner",
+        border_mode="replicate", bytes_per_sample_hint=s.dali_decoder_buffer_hint)
+
+
+def scale_matrix(images, h, w):
+    """Per image, the 3x3 map from output to input pixel coordinates (corners at integers): a scale by in/out."""
+    shape = images.shape(dtype=types.FLOAT)  # on the CPU for either device: the image sizes only
+    zero = shape[0] * 0
+    return fn.reshape(fn.stack(shape[1] / w, zero, zero, zero, shape[0] / h, zero, zero, zero, zero + 1),
+                      shape=[3, 3])
+
+
 # --- iterators ------------------------------------------------------------------------------------------
 
 def batch_shape(s):
@@ -242,7 +265,8 @@ def to_ndarray(tensor_list, ctx):
     """A DALI output as an mx.nd on ctx without a copy: DLPack shares DALI's buffer (host or GPU memory).
 
     Pipeline.run() hands out outputs already synchronized with the host, so MXNet may read them on any
-    stream; DALI's default executor gives every batch its own buffer, so they stay valid after later runs.
+    stream. The batch must outlive later runs, since MXNet computes on it asynchronously: DALI's dynamic executor
+    gives every batch its own buffer, whereas the older one reuses a buffer after `prefetch_queue_depth` runs.
     """
     return mx.nd.from_dlpack(tensor_list.as_tensor().__dlpack__()).as_in_context(ctx)
 

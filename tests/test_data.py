@@ -4,6 +4,7 @@ import io
 import math
 import shutil
 
+import cv2
 import mxnet as mx
 import numpy as np
 import pytest
@@ -163,6 +164,43 @@ def test_val_numbers_equal_a_pil_reference(small_rec):
     records.close()
 
 
+@pytest.mark.parametrize("side", [32, 128])
+def test_train_resize_without_antialias_is_plain_bilinear(unique_rec, side):
+    """With the crop area fixed at 1 and any aspect ratio allowed every crop is the whole image, so a train sample
+    is the image stretched to side x side (down from 40-96 pixels, or up), maybe mirrored: OpenCV's bilinear
+    resize, ImageRecordIter's filter, gives the same pixels to 1 level (an antialiased resize does not, going
+    down). The label tells which record a shuffled sample is."""
+    s = settings_for(unique_rec, batch_size=21, image_shape=f"3,{side},{side}", num_classes=21,
+                     min_random_area=1.0, min_random_aspect_ratio=0.2, max_random_aspect_ratio=5.0,
+                     dali_resize_antialias=False)
+    train, _ = data.make_iters(s, 0, 1, 1, mx.cpu())
+    batch = train.next()
+    records = mx.recordio.MXIndexedRecordIO(unique_rec + ".idx", unique_rec + ".rec", "r")
+    mirrored = 0
+    for x, label in zip(batch.data[0].asnumpy(), batch.label[0].asnumpy()):
+        _, jpeg = mx.recordio.unpack(records.read_idx(int(label)))
+        image = np.asarray(Image.open(io.BytesIO(jpeg)).convert("RGB"))
+        pixels = cv2.resize(image, (side, side), interpolation=cv2.INTER_LINEAR).astype(np.float32)
+        reference = ((pixels - np.array(data.MEAN)) / np.array(data.STD)).transpose(2, 0, 1)
+        flipped = np.abs(x - reference[..., ::-1]).max() < np.abs(x - reference).max()
+        mirrored += flipped
+        np.testing.assert_allclose(x, reference[..., ::-1] if flipped else reference, rtol=0,
+                                   atol=1.001 / min(data.STD))
+    records.close()
+    assert 0 < mirrored < 21, "the coin flip mirrors some samples, not all"
+
+
+def test_a_batch_outlives_later_batches(small_rec):
+    """The batches reach MXNet without a copy, and MXNet reads them asynchronously: a batch must not change while
+    the pipeline goes on producing (it would with an executor that recycles output buffers)."""
+    train, _ = data.make_iters(settings_for(small_rec, dali_prefetch_queue=1), 0, 1, 1, mx.cpu())
+    first = train.next().data[0]
+    kept = first.asnumpy().copy()
+    for _ in range(4):
+        train.next()
+    np.testing.assert_array_equal(first.asnumpy(), kept)
+
+
 def test_train_epoch_accounting_is_the_same_on_every_rank(small_rec):
     s = settings_for(small_rec)
     trains = [data.make_iters(s, rank, 2, rank, mx.cpu())[0] for rank in (0, 1)]
@@ -233,14 +271,15 @@ def test_decoder_cache_needs_the_gpu(small_rec):
         data.make_iters(settings_for(small_rec, dali_cache_size=64), 0, 1, 1, mx.cpu())
 
 
-@pytest.mark.parametrize("train, roi, cache", [(True, True, 0), (True, False, 0), (True, False, 64),
-                                               (False, True, 0)])
-def test_gpu_graphs_are_valid_dali_graphs(small_rec, train, roi, cache):
+@pytest.mark.parametrize("train, roi, cache, antialias", [(True, True, 0, True), (True, True, 0, False),
+                                                          (True, False, 0, True), (True, False, 64, True),
+                                                          (False, True, 0, True)])
+def test_gpu_graphs_are_valid_dali_graphs(small_rec, train, roi, cache, antialias):
     """No GPU here, so nothing runs; defining the graph still makes DALI check every operator, argument name and
     argument type of the "mixed"/GPU variants (building the pipeline would need CUDA)."""
     s = settings_for(small_rec, device="gpu", dtype="float16", input_layout="NHWC", image_shape="4,224,224",
-                     dali_roi_decode=roi, dali_cache_size=cache, dali_hw_decoder_load=0.7,
-                     dali_preallocate_width=5980, dali_preallocate_height=6430)
+                     dali_roi_decode=roi, dali_cache_size=cache, dali_resize_antialias=antialias,
+                     dali_hw_decoder_load=0.7, dali_preallocate_width=5980, dali_preallocate_height=6430)
     for gpu in (True, False):
         with Pipeline(batch_size=4, num_threads=1, device_id=0 if gpu else None):
             images, labels, sources = data.graph(s, s.data_train, small_rec + ".idx", train, 1, 8, gpu=gpu)
