@@ -30,7 +30,7 @@ export DALI_NORMALIZE_BUFFER_HINT=441549  # 401408 * 1.1
 export HOROVOD_CYCLE_TIME=0.1  # ms between background cycles
 export HOROVOD_FUSION_THRESHOLD=67108864  # 64 MiB: holds the ~51 MB of fp16 gradients
 export HOROVOD_NUM_NCCL_STREAMS=2  # the reference's common file said 1, every config 2
-# MXNET_HOROVOD_NUM_GROUPS=1: dropped. Only the reference's fit.py read it (num_groups of its DistributedOptimizer).
+export MXNET_HOROVOD_NUM_GROUPS=1  # gradients in one grouped allreduce call per step
 
 ## MXNet. The CUDNN_NHWC_BN and CUDA_GRAPHS knobs exist in NGC MXNet only; stock MXNet ignores them.
 export MXNET_OPTIMIZER_AGGREGATION_SIZE=54  # parameters per multi-tensor optimizer call

@@ -118,6 +118,9 @@ class Settings:
                                low=0, high=2**31 - 1)
     kv_store: str = _opt("device", "horovod for one process per device; anything else is one process",
                          env="KVSTORE", choices=("device", "local", "horovod"))
+    horovod_num_groups: int = _opt(1, "Horovod: gradient allreduce calls per step, each grouping its share of the "
+                                   "tensors (0 = one call per tensor, fused by Horovod)",
+                                   env="MXNET_HOROVOD_NUM_GROUPS", low=0)
     disp_batches: int = _opt(20, "progress line every N steps", env="DISP_BATCHES", low=1)
     cache_cleared: bool = _opt(False, "the launcher dropped the page cache before this run (logged as cache_clear)",
                                env="CACHE_CLEARED")
@@ -181,6 +184,7 @@ def _convert(f, text, source):
 
 
 def _check(f, value, source):
+    """The field's choices and range; `source` names the flag or variable the value came from."""
     meta = f.metadata
     if value is None:
         return
@@ -192,10 +196,13 @@ def _check(f, value, source):
         raise SettingsError(f"{source}={value!r}: must be <= {meta['high']}")
 
 
-def validate(s):
-    """Checks across fields that one field's range cannot express."""
+def validate(s, origins=None):
+    """Each field's range, then the checks across fields. origins (resolve's) lets a message name the environment
+    variable a bad value came from rather than its flag."""
+    origins = origins or {}
     for f in FIELDS.values():
-        _check(f, getattr(s, f.name), flag_name(f.name))
+        origin = origins.get(f.name, "default")
+        _check(f, getattr(s, f.name), origin if origin not in ("flag", "default") else flag_name(f.name))
     chw = s.image_shape.split(",")
     if len(chw) != 3 or not all(v.isdigit() and int(v) > 0 for v in chw) or int(chw[0]) not in (3, 4):
         raise SettingsError(f"--image-shape={s.image_shape!r}: expected C,H,W with C 3 or 4")
@@ -223,7 +230,6 @@ def from_environ(environ):
                 continue
             f = by_env[name]
             values[f.name] = _convert(f, text, name)
-            _check(f, values[f.name], name)
         elif name in REFERENCE_ONLY_ENV:
             if text not in REFERENCE_ONLY_ENV[name] + ("",):
                 raise SettingsError(f"{name}={text!r}: rn50_mx supports only {name}={REFERENCE_ONLY_ENV[name][0]}")
@@ -249,44 +255,72 @@ def _parser(prog):
     return parser
 
 
-def load(argv=None, environ=None, prog="rn50_mx.train"):
-    """Settings from defaults, then `environ` (default os.environ), then CLI flags `argv`."""
+def resolve(argv=None, environ=None, prog="rn50_mx.train"):
+    """(settings, origins): defaults, then `environ` (default os.environ), then CLI flags `argv`; origins maps
+    each field given to "flag" or to the environment variable it came from."""
     environ = os.environ if environ is None else environ
     values = from_environ(environ)
+    origins = {name: FIELDS[name].metadata["env"] for name in values}
     flags = vars(_parser(prog).parse_args([] if argv is None else argv))
     for name, text in flags.items():
         if text is not None:
             values[name] = _convert(FIELDS[name], text, flag_name(name))
+            origins[name] = "flag"
     settings = Settings(**values)
-    validate(settings)
-    return settings
+    validate(settings, origins)
+    return settings, origins
+
+
+def load(argv=None, environ=None, prog="rn50_mx.train"):
+    """The settings of resolve(), without their origins."""
+    return resolve(argv, environ, prog)[0]
+
+
+def env_names():
+    """The environment variables this tool reads, and the patterns of those it owns (DALI_*, RN50_*): what a
+    launcher hands on to a container."""
+    names = [f.metadata["env"] for f in FIELDS.values() if f.metadata["env"]]
+    return names + list(REFERENCE_ONLY_ENV) + [prefix + "*" for prefix in OWNED_ENV_PREFIXES]
 
 
 def help_text(prog="rn50_mx.train"):
     return _parser(prog).format_help()
 
 
-def describe(s, environ=None, argv=()):
+def describe(s, origins):
     """One line per setting: its flag, value and origin (flag, the environment variable, or default)."""
-    environ = os.environ if environ is None else environ
-    given = {name for name, text in vars(_parser("check").parse_args(list(argv))).items() if text is not None}
-    lines = []
-    for f in FIELDS.values():
-        env = f.metadata["env"]
-        origin = "flag" if f.name in given else env if env and environ.get(env, "") else "default"
-        lines.append(f"{flag_name(f.name):30} {getattr(s, f.name)!s:20} {origin}")
-    return "\n".join(lines)
+    return "\n".join(f"{flag_name(f.name):30} {getattr(s, f.name)!s:20} {origins.get(f.name, 'default')}"
+                     for f in FIELDS.values())
+
+
+USAGE = """usage: python -m rn50_mx.config --check [rn50_mx.train flags]
+       python -m rn50_mx.config --env-names"""
 
 
 def main(argv=None):
-    """`python -m rn50_mx.config --check [FLAGS]`: validate the environment (and flags) as training would,
-    and print the resolved settings; a bad value ends it with one line naming the variable (exit 2)."""
+    """`--check [FLAGS]`: validate the environment (and flags) as training would, check the data files the
+    settings name, and print the resolved settings; a bad value ends it with one line naming the variable or
+    file (exit 2). `--env-names`: the variables to hand on to a container, one per line."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--env-names"]:
+        print("\n".join(env_names()))
+        return 0
     if argv[:1] != ["--check"]:
-        print("usage: python -m rn50_mx.config --check [rn50_mx.train flags]", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
-    print(describe(load(argv[1:], prog="rn50_mx.config"), os.environ, argv[1:]))
+    settings, origins = resolve(argv[1:], prog="rn50_mx.config")
+    check_data_files(settings)
+    print(describe(settings, origins))
     return 0
+
+
+def check_data_files(settings):
+    """The .rec/.idx pairs the settings name must be there and readable, as training will find out."""
+    splits = [train for train, path in ((True, settings.data_train), (False, settings.data_val)) if path]
+    if splits:
+        from . import data  # loads MXNet and DALI: only when there are files to check
+        for train in splits:
+            data.rec_and_idx(settings, train)
 
 
 if __name__ == "__main__":

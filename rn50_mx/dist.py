@@ -48,8 +48,8 @@ class Single:
 class Horovod:
     """One process per device; Gloo on CPU, NCCL on GPU, as Horovod was built."""
 
-    def __init__(self, hvd):
-        self.hvd = hvd
+    def __init__(self, hvd, num_groups):
+        self.hvd, self.num_groups = hvd, num_groups
         hvd.init()
         self.rank, self.local_rank, self.size = hvd.rank(), hvd.local_rank(), hvd.size()
 
@@ -67,7 +67,9 @@ class Horovod:
         self.allreduce_sum(mx.nd.ones(1)).wait_to_read()
 
     def trainer(self, params, optimizer, optimizer_params):
-        return self.hvd.DistributedTrainer(params, optimizer, optimizer_params)
+        """Each step allreduces the gradients in `num_groups` grouped calls (the reference: 1), priorities
+        descending so that the first layers' gradients, which the next forward needs first, go first."""
+        return self.hvd.DistributedTrainer(params, optimizer, optimizer_params, num_groups=self.num_groups)
 
 
 _names = itertools.count()  # Horovod matches collectives across ranks by name
@@ -86,7 +88,7 @@ def init(settings):
         print("rn50_mx: --kv-store horovod but Horovod is not installed: running as one process", file=sys.stderr)
         return Single()
     try:
-        d = Horovod(hvd)
+        d = Horovod(hvd, settings.horovod_num_groups)
     except ValueError as err:
         raise InputError(f"--kv-store horovod: {err}") from None
     if settings.device == "gpu" and d.local_rank >= mx.context.num_gpus():
