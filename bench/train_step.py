@@ -6,8 +6,8 @@ side in one run.
     .venv/bin/python bench/train_step.py [--rounds 5] [--steps 5] [--per-class 100] [--sweep]
                                          [rn50_mx.train flags, e.g. --dali-threads 1]
 
-The configuration is config/CPU.sh's (sourced: image shape, batch, classes, DALI threads, LARS), plus the flags
-given. The real data are Fashion-MNIST photographs at the demo's size, PER_CLASS per class, made by
+The configuration is config/CPU.sh's (sourced: image shape, batch, classes, DALI threads, LARS, and
+OMP_NUM_THREADS unless the environment sets it), plus the flags given. The real data are Fashion-MNIST photographs at the demo's size, PER_CLASS per class, made by
 `rn50_mx.prep_rec.make_fashion_mnist` (what `python -m rn50_mx.prep_rec fashion-mnist DIR` runs) and cached in
 $TMPDIR/rn50_mx_bench_train_step. Synthetic is `--synthetic 1`: one random batch made once, no input work.
 
@@ -203,6 +203,8 @@ def main():
     args, train_flags = parse_args()
     if args.worker:
         return worker(args, train_flags)
+    # MXNet takes OMP_NUM_THREADS when it loads (prep_rec loads it): the config's, unless the caller set one.
+    os.environ.setdefault("OMP_NUM_THREADS", demo_environ().get("OMP_NUM_THREADS", "1"))
     s = settings(args, train_flags)  # a bad flag stops here, in one line
     print(f"config/CPU.sh: ResNet-50, {s.image_shape} images, batch {s.batch_size}, {s.num_classes} classes, "
           f"{s.dali_threads} DALI threads, prefetch {s.dali_prefetch_queue}; OMP_NUM_THREADS="
