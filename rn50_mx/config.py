@@ -32,6 +32,9 @@ class Settings:
     data_train_idx: str = _opt("", "train .idx file (default: the .rec path with .idx)")
     data_val: str = _opt("", "val .rec file", env="DATA_VAL")
     data_val_idx: str = _opt("", "val .idx file (default: the .rec path with .idx)")
+    skip_bad_records: bool = _opt(False, "train: skip a record that does not decode, counting it, instead of "
+                                  "stopping (val never skips: the score counts every val image)",
+                                  env="RN50_SKIP_BAD_RECORDS")
     num_classes: int = _opt(1000, "number of classes", env="NUM_CLASSES", low=2)
     num_examples: int = _opt(0, "train images per epoch for the schedule; 0 = size of the train .rec",
                              env="NUMEXAMPLES", low=0)

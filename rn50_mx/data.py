@@ -18,6 +18,8 @@ import io
 import math
 import os
 import re
+import sys
+import tempfile
 import time
 
 import mxnet as mx
@@ -94,6 +96,14 @@ def first_unidentified(rec, idx):
     return None
 
 
+class BadRecord(InputError):
+    """A record that does not decode; `record` is its .idx key."""
+
+    def __init__(self, message, record):
+        super().__init__(message)
+        self.record = record
+
+
 def input_error(err, rec, idx):
     """The one-line InputError for a DALI failure that the data caused, or None when the data is not at fault.
 
@@ -107,12 +117,12 @@ def input_error(err, rec, idx):
     if "fn.decoders." in text:
         named = re.search(r" at index (\d+)$", cause)
         if named:
-            return InputError(f"{rec}: record {record_at(idx, int(named.group(1)))} does not decode "
-                              f"(its data breaks off or is corrupt)")
+            record = record_at(idx, int(named.group(1)))
+            return BadRecord(f"{rec}: record {record} does not decode (its data breaks off or is corrupt)", record)
         record = first_unidentified(rec, idx)
         if record is None:
             return InputError(f"{rec}: a record does not decode (DALI: {cause}); {verify}")
-        return InputError(f"{rec}: record {record} is not an image (DALI: {cause})")
+        return BadRecord(f"{rec}: record {record} is not an image (DALI: {cause})", record)
     if "fn.readers." in text:
         return InputError(f"{rec}: {cause}; {verify}")
     return None
@@ -304,11 +314,16 @@ class BatchIter(mx.io.DataIter):
 
 
 class DaliIter(BatchIter):
-    """Batches of a DALI pipeline built by build_pipeline, with its errors turned into one-line InputErrors."""
+    """Batches of a DALI pipeline, with its errors turned into one-line InputErrors.
 
-    def __init__(self, s, pipe, pads, num_samples, ctx, rec, idx):
+    pipe: built by build(idx, 0); build(index, attempt) builds another that reads the .rec through `index`.
+    skip: a record that does not decode is left out instead (see skip_record); `skipped` lists their keys.
+    """
+
+    def __init__(self, s, build, pipe, pads, num_samples, ctx, rec, idx, skip):
         super().__init__(s, pads, num_samples, ctx)
-        self.pipe, self.rec, self.idx, self.num_classes = pipe, rec, idx, s.num_classes
+        self.build, self.pipe, self.rec, self.idx, self.skip = build, pipe, rec, idx, skip
+        self.num_classes, self.skipped, self.scratch = s.num_classes, [], None
 
     def reset(self):
         """Finish a partly read epoch first, so that the next one starts at the shard boundary again."""
@@ -316,9 +331,29 @@ class DaliIter(BatchIter):
             self.next()
         super().reset()
 
+    def skip_record(self, bad):
+        """DALI cannot step over a sample, and a failed pipeline is spent: build a new one on an index without
+        the bad records (in a scratch folder; the data stay untouched). It starts its shard again, shuffled
+        anew; the epoch keeps its number of steps."""
+        self.skipped.append(bad.record)
+        print(f"rn50_mx: {bad}; skipped ({len(self.skipped)} so far on this process)", file=sys.stderr)
+        self.scratch = self.scratch or tempfile.TemporaryDirectory(prefix="rn50_mx_idx_")
+        kept = os.path.join(self.scratch.name, f"without{len(self.skipped)}.idx")
+        with open(kept, "w") as f:
+            f.writelines(f"{key}\t{offset}\n" for key, offset in prep_rec.read_idx(self.idx)[0]
+                         if key not in self.skipped)
+        self.pipe = self.build(kept, len(self.skipped))
+
     def produce(self):
-        with data_errors(self.rec, self.idx):
-            images, labels, sources = self.pipe.run()
+        while True:
+            try:
+                with data_errors(self.rec, self.idx):
+                    images, labels, sources = self.pipe.run()
+                break
+            except BadRecord as bad:
+                if not self.skip:
+                    raise
+                self.skip_record(bad)
         label = np.asarray(labels.as_tensor()).reshape(-1)
         check_labels(label, sources, self.num_classes, self.rec, self.idx)
         return to_ndarray(images, self.context), mx.nd.array(label, ctx=self.context, dtype=np.float32)
@@ -345,9 +380,16 @@ def dali_iter(s, train, rank, world, seed, ctx):
     rec, idx = rec_and_idx(s, train)
     if s.dali_cache_size and s.device != "gpu":
         raise InputError("--dali-cache-size: the decoded-image cache is a GPU decoder feature (--device gpu)")
-    pipe = build_pipeline(s, rec, idx, train, rank, world, seed, ctx.device_id if s.device == "gpu" else None)
-    with data_errors(rec, idx):
-        pipe.build()
+
+    def build(index, attempt):
+        """attempt > 0: after a skipped record, with another shuffle than the pipeline that failed."""
+        pipe = build_pipeline(s, rec, index, train, rank, world, seed + attempt,
+                              ctx.device_id if s.device == "gpu" else None)
+        with data_errors(rec, idx):
+            pipe.build()
+        return pipe
+
+    pipe = build(idx, 0)
     meta = pipe.reader_meta(READER)
     n = meta["epoch_size"]
     if n < world:
@@ -357,7 +399,7 @@ def dali_iter(s, train, rank, world, seed, ctx):
         pads = [0] * steps_per_epoch(s, world, n)  # every sample is a real image: the reader runs on
     else:
         pads = val_pads(n, rank, world, s.batch_size, meta["epoch_size_padded"] // world)
-    return DaliIter(s, pipe, pads, n, ctx, rec, idx)
+    return DaliIter(s, build, pipe, pads, n, ctx, rec, idx, skip=train and s.skip_bad_records)
 
 
 def make_iters(settings, rank, world, seed, ctx):

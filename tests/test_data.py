@@ -1,7 +1,9 @@
 """The input pipeline on real JPEGs packed in real .rec files, on the CPU device (what CI and the demo run)."""
 import dataclasses
+import gc
 import io
 import math
+import os
 import shutil
 
 import cv2
@@ -243,6 +245,36 @@ def test_a_record_that_does_not_decode_is_named(small_rec, tmp_path, damage):
     with pytest.raises(InputError, match=rf"bad\.rec: record 5 {expected}") as err:
         list(val)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not_an_image"])
+def test_train_skips_and_counts_bad_records_when_asked(unique_rec, tmp_path, capfd, damage):
+    """With --skip-bad-records training goes on without record 5 and says so; its epochs keep their steps and
+    the record never appears (the label of a sample is its record). Val still stops: the score counts all."""
+    def spoil(key, header, image):
+        if key == 5:
+            image = image[:len(image) // 2] if damage == "truncated" else b"not a jpeg" * 20
+        return header, image
+
+    bad = rewrite_rec(unique_rec, str(tmp_path / "bad"), spoil)
+    index = open(bad + ".idx").read()
+    s = settings_for(bad, num_classes=21, skip_bad_records=True)
+    train, val = data.make_iters(s, 0, 1, 1, mx.cpu())
+    labels = []
+    for _ in range(3):
+        batches = list(train)
+        assert len(batches) == math.ceil(21 / 4)
+        labels += [label for b in batches for label in b.label[0].asnumpy()]
+        train.reset()
+    assert train.skipped == [5] and 5 not in labels and len(set(labels)) == 20
+    assert "bad.rec: record 5" in capfd.readouterr().err
+    with pytest.raises(InputError, match=r"bad\.rec: record 5"):
+        list(val)
+    scratch = train.scratch.name
+    assert open(bad + ".idx").read() == index and os.path.isfile(os.path.join(scratch, "without1.idx"))
+    del train
+    gc.collect()
+    assert not os.path.exists(scratch), "the shortened index goes with the iterator"
 
 
 def test_a_label_outside_the_classes_is_named(small_rec, tmp_path):
