@@ -7,9 +7,11 @@
 # DATADIR mounted at /data and LOGDIR at /results. Without CONT it runs on this machine, DATADIR as it is, with
 # `python` and `horovodrun` from PATH: the CPU path of `make demo` and CI.
 #
-# DGXSYSTEM  set by the config; its config/<DGXSYSTEM>.sh names the variables handed to the container, with
-#            the values they have here (so an export after sourcing the config is an override)
-# DATADIR    folder with train.rec/.idx and val.rec/.idx (required)
+# DGXSYSTEM  set by the config. The container gets, with the values they have here (so an export after sourcing
+#            the config is an override), the variables config/<DGXSYSTEM>.sh exports and any other set here that
+#            rn50_mx reads (`python -m rn50_mx.config --env-names` in the image: its names, DALI_*, RN50_*).
+# DATADIR    folder with train.rec/.idx and val.rec/.idx (required; `python -m rn50_mx.config --check` checks
+#            them before the first trial)
 # LOGDIR     where the logs go (default ./results);  NEXP  number of trials (default 5)
 # SEED       trial i uses SEED+i-1; unset, each trial draws a different random seed. The seed checker refuses
 #            two runs with the same seed, so trials never repeat one.
@@ -18,41 +20,64 @@
 set -euo pipefail
 
 HERE=$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")
-
-die() { echo "run_with_docker.sh: $*" >&2; exit 2; }
+LAUNCHER=run_with_docker.sh
+# shellcheck source=trials.sh
+source "${HERE}/trials.sh"
 
 : "${DGXSYSTEM:?source a config/<SYSTEM>.sh first}"
-: "${DATADIR:?set DATADIR to the folder holding train.rec/.idx and val.rec/.idx}"
 CONFIG="${HERE}/config/${DGXSYSTEM}.sh"
 [[ -f "$CONFIG" ]] || die "DGXSYSTEM=${DGXSYSTEM}: no ${CONFIG}"
-NEXP=${NEXP:-5}
-[[ "$NEXP" =~ ^[1-9][0-9]*$ ]] || die "NEXP=${NEXP}: expected a positive integer"
-LOGDIR=${LOGDIR:-$PWD/results}
-DATESTAMP=${DATESTAMP:-$(date +%y%m%d%H%M%S%N)}
-CLEAR_CACHES=${CLEAR_CACHES:-1}
-for file in train.rec train.idx val.rec val.idx; do
-    [[ -f "${DATADIR}/${file}" ]] || die "DATADIR=${DATADIR}: no ${file} (pack it with python -m rn50_mx.prep_rec)"
-done
-mkdir -p "$LOGDIR"
+trial_settings "$PWD/results"
+# readlink -f needs the folder, and docker -v would create a missing one (owned by root).
+[[ -d "$DATADIR" ]] || die "DATADIR=${DATADIR}: no such folder"
 DATADIR=$(readlink -f "$DATADIR")
 LOGDIR=$(readlink -f "$LOGDIR")
 
-# The container gets the variables the config exports (as the reference computes them) plus the launcher's own.
-# shellcheck disable=SC2016  # $1 is expanded by the inner bash
-mapfile -t CONFIG_VARS < <(env -i bash -c 'source "$1" && compgen -e' _ "$CONFIG" | grep -vxE 'PWD|SHLVL|_|OLDPWD')
-ENV_ARGS=()
-for name in "${CONFIG_VARS[@]}" SEED CACHE_CLEARED; do
-    ENV_ARGS+=(--env "$name")
-done
-ENV_ARGS+=(--env DATADIR=/data)
-DOCKER_RUN=(
-    docker run --rm --init --gpus all --net=host --uts=host --ipc=host --security-opt seccomp=unconfined
-    --ulimit stack=67108864 --ulimit memlock=-1
-    -v "${DATADIR}:/data" -v "${LOGDIR}:/results" "${ENV_ARGS[@]}"
-)
+# The names config/<DGXSYSTEM>.sh exports, as the reference computes them.
+config_names() {
+    # shellcheck disable=SC2016  # $1 is expanded by the inner bash
+    env -i bash -c 'source "$1" && compgen -e' _ "$CONFIG" | grep -vxE 'PWD|SHLVL|_|OLDPWD'
+}
+
+# The variables set here whose name is one of $@: names, or patterns such as DALI_* (the prefixes rn50_mx owns).
+names_set_here() {
+    local name pattern
+    while read -r name; do
+        for pattern in "$@"; do
+            # shellcheck disable=SC2053  # unquoted, $pattern matches as a glob
+            if [[ $name == $pattern ]]; then
+                echo "$name"
+                break
+            fi
+        done
+    done < <(compgen -e)
+}
+
+if [[ -n "${CONT:-}" ]]; then
+    DOCKER_RUN=(
+        docker run --rm --init --gpus all --net=host --uts=host --ipc=host --security-opt seccomp=unconfined
+        --ulimit stack=67108864 --ulimit memlock=-1 -v "${DATADIR}:/data" -v "${LOGDIR}:/results"
+    )
+    # The variables handed on (see DGXSYSTEM above) and the launcher's own. What rn50_mx reads is asked of the
+    # image: the host may not have the package.
+    env_names=$("${DOCKER_RUN[@]}" "$CONT" python -m rn50_mx.config --env-names)
+    mapfile -t env_names <<<"$env_names"
+    mapfile -t forwarded < <({ config_names; names_set_here "${env_names[@]}"; } | sort -u)
+    for name in "${forwarded[@]}" SEED CACHE_CLEARED; do
+        DOCKER_RUN+=(--env "$name")
+    done
+    DOCKER_RUN+=(--env DATADIR=/data)
+    DATA_SEEN_AS=/data
+    LOGS_SEEN_AS=/results
+    RUN_AND_TIME=./run_and_time.sh
+else
+    DATA_SEEN_AS=$DATADIR
+    LOGS_SEEN_AS=$LOGDIR
+    RUN_AND_TIME=${HERE}/run_and_time.sh
+fi
 
 # Runs a command on this machine, or in the container when CONT is set.
-run() {
+run_tool() {
     if [[ -n "${CONT:-}" ]]; then
         "${DOCKER_RUN[@]}" "$CONT" "$@"
     else
@@ -60,12 +85,10 @@ run() {
     fi
 }
 
+run_trial() { run_tool "$RUN_AND_TIME"; }
+
 # Drops the page cache so that each trial reads the data from disk (MLPerf rules); fails when not permitted.
 drop_caches() {
-    if [[ "$CLEAR_CACHES" != 1 ]]; then
-        echo "Not clearing the page cache (CLEAR_CACHES=${CLEAR_CACHES})"
-        return 1
-    fi
     sync
     if { echo 3 >/proc/sys/vm/drop_caches; } 2>/dev/null || sudo -n /sbin/sysctl -q vm.drop_caches=3 2>/dev/null; then
         echo "Cleared the page cache on $(hostname)"
@@ -75,44 +98,4 @@ drop_caches() {
     return 1
 }
 
-# Fail before any trial on a bad setting: one line naming the variable.
-run python -m rn50_mx.config --check >/dev/null
-
-used_seeds=" "  # the seeds of earlier trials
-next_seed() {  # $1 = trial number
-    local seed
-    if [[ -n "${SEED:-}" ]]; then
-        seed=$((SEED + $1 - 1))
-    else
-        seed=$RANDOM
-        while [[ "$used_seeds" == *" $seed "* ]]; do seed=$RANDOM; done
-    fi
-    echo "$seed"
-}
-
-logs=()  # as seen here, and from the container
-container_logs=()
-failed=()
-for ((i = 1; i <= NEXP; i++)); do
-    seed=$(next_seed "$i")
-    used_seeds+="$seed "
-    log="${LOGDIR}/${DATESTAMP}_${i}.log"
-    logs+=("$log")
-    container_logs+=("/results/${DATESTAMP}_${i}.log")
-    if ! (
-        echo "Beginning trial ${i} of ${NEXP}"
-        if drop_caches; then export CACHE_CLEARED=1; else export CACHE_CLEARED=0; fi
-        export SEED="$seed"
-        if [[ -n "${CONT:-}" ]]; then run ./run_and_time.sh; else run "${HERE}/run_and_time.sh"; fi
-    ) |& tee "$log"; then
-        failed+=("$i")
-    fi
-done
-
-echo "Logs: ${logs[*]}"
-if [[ -n "${CONT:-}" ]]; then logs=("${container_logs[@]}"); fi
-run python -m rn50_mx.timing "${logs[@]}" || echo "run_with_docker.sh: no timing summary" >&2
-if (( ${#failed[@]} > 0 )); then
-    echo "run_with_docker.sh: trial(s) ${failed[*]} of ${NEXP} failed" >&2
-    exit 1
-fi
+run_trials

@@ -20,7 +20,7 @@ import pytest
 from conftest import ENV_PATH, ROOT, assert_one_line_naming, sourced, write_jpeg_tree
 from rn50_mx import prep_rec
 
-SCRIPTS = ["run_and_time.sh", "run_with_docker.sh", "run.sub"]
+SCRIPTS = ["run_and_time.sh", "run_with_docker.sh", "run.sub", "trials.sh"]
 SYSTEMS = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "config", "*.sh"))
                  if not p.endswith("_common.sh"))
 def settings_table(text):
@@ -55,8 +55,11 @@ def test_bad_setting_stops_run_with_docker_before_any_trial(tmp_path):
 
 
 def test_several_processes_need_horovod():
+    """The message names the variable that set the value (config/CPU.sh's KVSTORE), or the flag that did."""
     result = sourced("CPU", "python -m rn50_mx.config --check", {"DGXNGPU": "2"})
-    assert_one_line_naming(result, "--kv-store")
+    assert_one_line_naming(result, "KVSTORE=device")
+    result = sourced("CPU", "python -m rn50_mx.config --check --kv-store local", {"DGXNGPU": "2"})
+    assert_one_line_naming(result, "--kv-store=local")
 
 
 @pytest.mark.parametrize("system", SYSTEMS)
@@ -144,13 +147,18 @@ def test_dockerfile_copies_only_existing_paths_that_dockerignore_lets_through():
 TINY_CLASSES = ("ankle_boot", "bag", "coat", "dress", "pullover")  # five, so that top-5 is defined
 
 
-def recording_tools(tmp_path, *names):
-    """A PATH with fake `names` that append their command line (and SEED, CACHE_CLEARED) to tmp_path/calls."""
+def recording_tools(tmp_path, *names, run=False):
+    """A PATH with fake `names` that append their command line (and SEED, CACHE_CLEARED) to tmp_path/calls.
+    `--env-names` is answered by the installed rn50_mx, as the image would. With `run`, a fake also runs its
+    command here, after its leading --options (srun without a container)."""
     bin_dir = tmp_path / "fakes"
     bin_dir.mkdir()
+    env_names = "python -m rn50_mx.config --env-names"
     for name in names:
         tool = bin_dir / name
-        tool.write_text(f'#!/bin/sh\necho "{name} $* SEED=$SEED CACHE_CLEARED=$CACHE_CLEARED" >> "{tmp_path}/calls"\n')
+        tool.write_text(f'#!/bin/sh\necho "{name} $* SEED=$SEED CACHE_CLEARED=$CACHE_CLEARED" >> "{tmp_path}/calls"\n'
+                        f'case "$*" in *" {env_names}") exec {env_names};; esac\n'
+                        + ('while [ "$1" != "${1#--}" ]; do shift; done\nexec "$@"\n' if run else ''))
         tool.chmod(0o755)
     return str(bin_dir) + os.pathsep + ENV_PATH
 
@@ -174,17 +182,38 @@ def test_container_trials_get_the_reference_docker_flags_and_distinct_seeds(tmp_
            "CLEAR_CACHES": "0", "PATH": recording_tools(tmp_path, "docker")}
     result = sourced("NF5688M6", "./run_with_docker.sh", env)
     assert result.returncode == 0, result.stderr
-    check, trial1, trial2, summary = calls(tmp_path)
+    names, check, trial1, trial2, summary = calls(tmp_path)
+    docker_run = "docker run --rm --init --gpus all --net=host --uts=host --ipc=host "
+    assert names.startswith(f"{docker_run}--security-opt seccomp=unconfined --ulimit stack=67108864 "
+                            f"--ulimit memlock=-1 -v {data}:/data -v {logs}:/results rn50-mx python -m "
+                            "rn50_mx.config --env-names ")
     for call in (check, trial1, trial2, summary):
-        assert call.startswith("docker run --rm --init --gpus all --net=host --uts=host --ipc=host ")
+        assert call.startswith(docker_run)
         for part in (f"-v {data}:/data", f"-v {logs}:/results", "--env BATCHSIZE", "--env DALI_THREADS",
                      "--env NCCL_BUFFSIZE", "--env SEED", "--env CACHE_CLEARED", "--env DATADIR=/data"):
             assert f" {part} " in call
-    assert " rn50-mx python -m rn50_mx.config --check " in check
+    assert " rn50-mx python -m rn50_mx.config --check --data-train /data/train.rec --data-val /data/val.rec " in check
     assert " rn50-mx ./run_and_time.sh " in trial1 and " CACHE_CLEARED=0" in trial1
     assert trial1.split("SEED=")[1] != trial2.split("SEED=")[1]
     assert " rn50-mx python -m rn50_mx.timing /results/s_1.log /results/s_2.log " in summary
     assert (logs / "s_2.log").read_text().startswith("Beginning trial 2 of 2\nNot clearing the page cache")
+
+
+def test_container_gets_settings_exported_by_hand_that_rn50_mx_reads(tmp_path):
+    """config/CPU.sh sets none of END_LR, DALI_FOO and RN50_BAR (names only the owned prefixes DALI_*, RN50_*
+    cover): all are handed on, so the container uses or refuses them as this machine would; a variable rn50_mx
+    ignores is not, and neither is a path on this machine (the container's data and log paths differ)."""
+    env = {"CONT": "rn50-mx", "DATADIR": empty_data(tmp_path), "LOGDIR": str(tmp_path / "logs"), "NEXP": "1",
+           "END_LR": "0.001", "DALI_FOO": "1", "RN50_BAR": "1", "UNRELATED": "1", "MLLOG_FILE": "/host/x.log",
+           "CLEAR_CACHES": "0", "PATH": recording_tools(tmp_path, "docker")}
+    result = sourced("CPU", "./run_with_docker.sh", env)
+    assert result.returncode == 0, result.stderr
+    _, check, trial, _ = calls(tmp_path)
+    for call in (check, trial):
+        for name in ("END_LR", "DALI_FOO", "RN50_BAR", "DALI_THREADS", "FMNIST_ARGS"):
+            assert f" --env {name} " in call
+        for name in ("UNRELATED", "PATH", "HOME", "MLLOG_FILE"):
+            assert f"--env {name} " not in call
 
 
 def test_slurm_job_runs_one_task_per_gpu_in_the_container(tmp_path):
@@ -197,7 +226,8 @@ def test_slurm_job_runs_one_task_per_gpu_in_the_container(tmp_path):
     check, drop, trial, summary = calls(tmp_path)
     image = f"--container-image=rn50-mx --container-name=rn50-mx --container-workdir=/workspace/rn50 " \
             f"--container-mounts={data}:/data,{logs}:/results --export=ALL,DATADIR=/data"
-    assert check.startswith(f"srun --nodes=1 --ntasks=1 {image} python -m rn50_mx.config --check")
+    assert check.startswith(f"srun --nodes=1 --ntasks=1 {image} python -m rn50_mx.config --check "
+                            "--data-train /data/train.rec --data-val /data/val.rec ")
     assert drop.startswith("srun --ntasks-per-node=1 bash -c ")
     assert trial.startswith(f"srun --ntasks-per-node=8 --mpi=pmix {image} bash ./run_and_time.sh SEED=5 ")
     assert summary.startswith(f"srun --nodes=1 --ntasks=1 {image} python -m rn50_mx.timing /results/s_1.log")
@@ -209,6 +239,36 @@ def test_slurm_job_refuses_a_node_count_other_than_the_configs(tmp_path):
            "PATH": recording_tools(tmp_path, "srun")}
     result = sourced("DGXA100_multi_8x8x204", "bash run.sub", env)
     assert result.returncode == 2 and "DGXNNODES=8" in result.stderr and not (tmp_path / "calls").exists()
+
+
+@pytest.fixture
+def tiny_data_without_val_idx(tiny_data):
+    os.remove(os.path.join(tiny_data, "val.idx"))
+    return tiny_data
+
+
+def assert_stopped_on_missing_val_idx(result, data, logs):
+    assert_one_line_naming(result, os.path.join(data, "val.idx"))
+    assert result.returncode == 2 and "python -m rn50_mx.prep_rec pack" in result.stderr
+    assert "Beginning trial" not in result.stdout and not os.listdir(logs)
+
+
+def test_missing_data_file_stops_run_with_docker_before_any_trial(tiny_data_without_val_idx, tmp_path):
+    data, logs = tiny_data_without_val_idx, tmp_path / "logs"
+    result = sourced("CPU", "./run_with_docker.sh", {"DATADIR": data, "LOGDIR": str(logs), "CLEAR_CACHES": "0"})
+    assert_stopped_on_missing_val_idx(result, data, logs)
+
+
+def test_missing_data_file_stops_the_slurm_job_before_any_trial(tiny_data_without_val_idx, tmp_path):
+    """No CONT: the fake srun runs the check on this machine, as on a node."""
+    data, logs = tiny_data_without_val_idx, tmp_path / "logs"
+    env = {"DATADIR": data, "LOGDIR": str(logs), "SLURM_JOB_ID": "1", "SLURM_JOB_NUM_NODES": "8",
+           "SLURM_SUBMIT_DIR": ROOT, "PATH": recording_tools(tmp_path, "srun", run=True)}
+    result = sourced("DGXA100_multi_8x8x204", "bash run.sub", env)
+    assert_stopped_on_missing_val_idx(result, data, logs)
+    [check] = calls(tmp_path)
+    assert check.startswith(f"srun --nodes=1 --ntasks=1 python -m rn50_mx.config --check "
+                            f"--data-train {data}/train.rec --data-val {data}/val.rec ")
 
 
 @pytest.fixture
