@@ -15,6 +15,10 @@ Contenders:
   ImageRecordIter   random_resized_crop=True, preprocess_threads=THREADS
 --sweep adds prefetch depths 1 and 4 and one more thread.
 
+"Resize alone" times the train resize by itself on one batch of crops that DALI decoded once (the same crops
+for every variant, fed by external_source): fn.resize without antialiasing, data.stretch (the warp ours uses;
+same values within 1 level) and fn.resize antialiased, in CPU-milliseconds per image, medians over the rounds.
+
 The data: IMAGES ImageNet-like JPEGs, the same as bench/prep_rec.py makes (500x375, quality 95, ~100 KB:
 coloured Fashion-MNIST photographs), packed with rn50_mx.prep_rec.pack and cached in $TMPDIR/rn50_mx_bench_pipeline.
 
@@ -52,6 +56,9 @@ ARGS = parse_args()
 os.environ["OMP_NUM_THREADS"] = str(ARGS.threads)
 
 import mxnet as mx  # noqa: E402
+import numpy as np  # noqa: E402
+from nvidia.dali import fn  # noqa: E402
+from nvidia.dali.pipeline import Pipeline  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from rn50_mx import data, prep_rec  # noqa: E402
 from rn50_mx.config import Settings  # noqa: E402
@@ -88,6 +95,35 @@ def image_record_iter(prefix, args):
         max_aspect_ratio=4 / 3, rand_mirror=True, inter_method=1,
         mean_r=data.MEAN[0], mean_g=data.MEAN[1], mean_b=data.MEAN[2],
         std_r=data.STD[0], std_g=data.STD[1], std_b=data.STD[2], verbose=True))
+
+
+def resize_alone(prefix, args):
+    """{variant: CPU-ms per image} of the train resize alone, on the same decoded random crops."""
+    s = Settings(batch_size=args.batch, dali_resize_antialias=False)
+    decode = Pipeline(batch_size=args.batch, num_threads=args.threads, device_id=None, seed=1)
+    with decode:
+        jpegs, _ = fn.readers.mxnet(path=[prefix + ".rec"], index_path=[prefix + ".idx"], random_shuffle=True)
+        decode.set_outputs(fn.decoders.image_random_crop(jpegs, random_area=[0.05, 1.0]))
+    decode.build()
+    crops = [np.array(crop) for crop in decode.run()[0]]
+    variants = {"fn.resize": lambda x: fn.resize(x, resize_x=224, resize_y=224, antialias=False),
+                "ours (warp)": lambda x: data.stretch(x, 224, 224, s),
+                "fn.resize antialiased": lambda x: fn.resize(x, resize_x=224, resize_y=224)}
+    pipes = {}
+    for name, resize in variants.items():
+        pipes[name] = Pipeline(batch_size=args.batch, num_threads=args.threads, device_id=None)
+        with pipes[name]:
+            pipes[name].set_outputs(resize(fn.external_source(source=lambda: crops, batch=True, layout="HWC")))
+        pipes[name].build()
+        pipes[name].run()
+    ms = {name: [] for name in pipes}
+    for _ in range(args.rounds):
+        for name, pipe in pipes.items():
+            cpu = time.process_time()
+            for _ in range(args.batches):
+                pipe.run()
+            ms[name].append((time.process_time() - cpu) * 1000 / (args.batches * args.batch))
+    return {name: statistics.median(v) for name, v in ms.items()}
 
 
 def contenders(prefix, args):
@@ -140,6 +176,9 @@ def main(args):
     for name in runs:
         print(f"  {name:22s} {wall[name]:6.0f} ({cpu[name]:4.0f})  x{wall[name] / wall['ImageRecordIter']:.2f} "
               f"(x{cpu[name] / cpu['ImageRecordIter']:.2f}) of ImageRecordIter")
+    resize = resize_alone(prefix, args)
+    print("resize alone, CPU-ms per image: " + ", ".join(f"{name} {v:.3f}" for name, v in resize.items())
+          + f"; fn.resize / ours {resize['fn.resize'] / resize['ours (warp)']:.2f}x")
     print(f"ours {wall['ours']:.0f} img/s, ours non-fused {wall['ours non-fused']:.0f} img/s, "
           f"ImageRecordIter {wall['ImageRecordIter']:.0f} img/s; "
           f"ours/ImageRecordIter {wall['ours'] / wall['ImageRecordIter']:.2f}x "

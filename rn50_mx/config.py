@@ -203,24 +203,32 @@ def validate(s, origins=None):
     """Each field's range, then the checks across fields. origins (resolve's) lets a message name the environment
     variable a bad value came from rather than its flag."""
     origins = origins or {}
+
+    def src(name):
+        """How the user gave field `name`: its environment variable, or its flag (also for defaults)."""
+        origin = origins.get(name, "flag")
+        return flag_name(name) if origin in ("flag", "default") else origin
+
     for f in FIELDS.values():
-        origin = origins.get(f.name, "default")
-        _check(f, getattr(s, f.name), origin if origin not in ("flag", "default") else flag_name(f.name))
+        _check(f, getattr(s, f.name), src(f.name))
     chw = s.image_shape.split(",")
     if len(chw) != 3 or not all(v.isdigit() and int(v) > 0 for v in chw) or int(chw[0]) not in (3, 4):
-        raise SettingsError(f"--image-shape={s.image_shape!r}: expected C,H,W with C 3 or 4")
+        raise SettingsError(f"{src('image_shape')}={s.image_shape!r}: expected C,H,W with C 3 or 4")
     if s.min_random_area > s.max_random_area:
-        raise SettingsError("--min-random-area is larger than --max-random-area")
+        raise SettingsError(f"{src('min_random_area')} is larger than {src('max_random_area')}")
     if s.min_random_aspect_ratio > s.max_random_aspect_ratio:
-        raise SettingsError("--min-random-aspect-ratio is larger than --max-random-aspect-ratio")
+        raise SettingsError(f"{src('min_random_aspect_ratio')} is larger than {src('max_random_aspect_ratio')}")
     if s.eval_offset >= s.eval_period:
-        raise SettingsError(f"--eval-offset={s.eval_offset}: must be below --eval-period={s.eval_period}")
+        raise SettingsError(f"{src('eval_offset')}={s.eval_offset}: must be below "
+                            f"{src('eval_period')}={s.eval_period}")
     if s.warmup_epochs >= s.num_epochs:
-        raise SettingsError(f"--warmup-epochs={s.warmup_epochs}: must be below --num-epochs={s.num_epochs}")
+        raise SettingsError(f"{src('warmup_epochs')}={s.warmup_epochs}: must be below "
+                            f"{src('num_epochs')}={s.num_epochs}")
     if s.input_layout == "NHWC" and s.device == "cpu":
-        raise SettingsError("--input-layout=NHWC: MXNet's CPU convolutions need NCHW; NHWC is the GPU layout")
+        raise SettingsError(f"{src('input_layout')}=NHWC: MXNet's CPU convolutions need NCHW; NHWC is the GPU layout")
     if (s.dgxngpu > 1 or s.dgxnnodes > 1) and s.kv_store != "horovod":
-        raise SettingsError(f"--kv-store={s.kv_store}: {s.dgxnnodes} node(s) x {s.dgxngpu} processes need horovod")
+        raise SettingsError(f"{src('kv_store')}={s.kv_store}: {s.dgxnnodes} node(s) x {s.dgxngpu} processes "
+                            "need horovod")
 
 
 def from_environ(environ):
@@ -279,10 +287,14 @@ def load(argv=None, environ=None, prog="rn50_mx.train"):
     return resolve(argv, environ, prog)[0]
 
 
+# Paths on the launching machine: a container sees its data and logs elsewhere (its launcher passes those).
+HOST_PATH_ENV = ("DATA_TRAIN", "DATA_VAL", "MLLOG_FILE")
+
+
 def env_names():
     """The environment variables this tool reads, and the patterns of those it owns (DALI_*, RN50_*): what a
-    launcher hands on to a container."""
-    names = [f.metadata["env"] for f in FIELDS.values() if f.metadata["env"]]
+    launcher hands on to a container, host paths excepted."""
+    names = [f.metadata["env"] for f in FIELDS.values() if f.metadata["env"] not in (None, *HOST_PATH_ENV)]
     return names + list(REFERENCE_ONLY_ENV) + [prefix + "*" for prefix in OWNED_ENV_PREFIXES]
 
 

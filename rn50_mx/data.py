@@ -150,6 +150,17 @@ def check_labels(labels, sources, num_classes, rec, idx):
                          f"not a class number in [0, {num_classes})")
 
 
+def index_without(idx, keys, dest):
+    """dest: a copy of the .idx without the records `keys` (written under a temporary name, then renamed)."""
+    try:
+        with open(dest + ".tmp", "w") as f:
+            f.writelines(f"{key}\t{offset}\n" for key, offset in prep_rec.read_idx(idx)[0] if key not in keys)
+        os.replace(dest + ".tmp", dest)
+    except OSError as err:
+        raise InputError(f"{dest}: cannot write the shortened index ({err.strerror})") from None
+    return dest
+
+
 # --- epoch accounting (spec §8.3) -------------------------------------------------------------------------
 
 def train_samples(settings):
@@ -194,16 +205,17 @@ def nvjpeg_knobs(s):
                 affine=False)
 
 
-def build_pipeline(s, rec, idx, train, rank, world, seed, device_id):
-    """The DALI pipeline of one split for one rank. device_id None runs everything on the CPU."""
+def build_pipeline(s, rec, idx, train, shard, world, seed, device_id):
+    """The DALI pipeline of one split, reading shard `shard` of `world` first. device_id None runs everything on
+    the CPU."""
     pipe = Pipeline(batch_size=s.batch_size, num_threads=s.dali_threads, device_id=device_id, seed=seed,
                     prefetch_queue_depth=s.dali_prefetch_queue, exec_dynamic=True)  # see to_ndarray
     with pipe:
-        pipe.set_outputs(*graph(s, rec, idx, train, rank, world, gpu=device_id is not None))
+        pipe.set_outputs(*graph(s, rec, idx, train, shard, world, gpu=device_id is not None))
     return pipe
 
 
-def graph(s, rec, idx, train, rank, world, gpu):
+def graph(s, rec, idx, train, shard, world, gpu):
     """The operators of one split, defined inside a Pipeline: (images, labels, source info of each sample).
 
     gpu: decode with nvJPEG ("mixed"), which leaves the images on the GPU for resize and normalize.
@@ -216,10 +228,10 @@ def graph(s, rec, idx, train, rank, world, gpu):
     decoder = dict(device="mixed" if gpu else "cpu", output_type=types.RGB,
                    bytes_per_sample_hint=s.dali_decoder_buffer_hint, **nvjpeg_knobs(s))
     jpegs, labels = fn.readers.mxnet(
-        path=[rec], index_path=[idx], name=READER, shard_id=rank, num_shards=world,
+        path=[rec], index_path=[idx], name=READER, shard_id=shard, num_shards=world,
         random_shuffle=train, initial_fill=s.dali_initial_fill, dont_use_mmap=s.dali_dont_use_mmap,
         # val: each eval reads this rank's shard once, the last image repeated up to whole batches
-        stick_to_shard=not train or cache or s.dali_stick_to_shard, pad_last_batch=not train,
+        stick_to_shard=sticks_to_shard(s, train), pad_last_batch=not train,
         skip_cached_images=cache)
     filt = dict(antialias=s.dali_resize_antialias)  # DALI's linear filter; antialiased unless turned off
     if train and s.dali_roi_decode and not cache:
@@ -241,12 +253,18 @@ def graph(s, rec, idx, train, rank, world, gpu):
     return images, labels, fn.get_property(jpegs, key="source_info")
 
 
+def sticks_to_shard(s, train):
+    """Whether a reader keeps its first shard; otherwise it takes the next one every epoch (the reference's train
+    reader). Val always keeps it; so does a reader whose decoder caches images (spec §8.1)."""
+    return not train or s.dali_cache_size > 0 or s.dali_stick_to_shard
+
+
 def stretch(images, h, w, s):
     """Each image resized to exactly h x w, its aspect ratio not kept, as the reference's train Resize.
 
     Without antialiasing the filter is plain bilinear (ImageRecordIter's). DALI's perspective warp with a pure
     scale computes the same values as fn.resize(antialias=False), within 1 level, at about half its CPU cost:
-    fn.resize's horizontal pass is scalar code (bench/pipeline.py shows the difference).
+    fn.resize's horizontal pass is scalar code (bench/pipeline.py, "resize alone").
     """
     if s.dali_resize_antialias:
         return fn.resize(images, resize_x=w, resize_y=h, bytes_per_sample_hint=s.dali_decoder_buffer_hint)
@@ -274,9 +292,10 @@ def batch_shape(s):
 def to_ndarray(tensor_list, ctx):
     """A DALI output as an mx.nd on ctx without a copy: DLPack shares DALI's buffer (host or GPU memory).
 
-    Pipeline.run() hands out outputs already synchronized with the host, so MXNet may read them on any
-    stream. The batch must outlive later runs, since MXNet computes on it asynchronously: DALI's dynamic executor
-    gives every batch its own buffer, whereas the older one reuses a buffer after `prefetch_queue_depth` runs.
+    __dlpack__() without a stream waits on the host until DALI's work on the batch is done (DALI's documented
+    meaning of stream None), so MXNet may read it on any stream. The batch must outlive later runs, since MXNet
+    computes on it asynchronously: DALI's dynamic executor gives every batch its own buffer, whereas the older
+    one reuses a buffer after `prefetch_queue_depth` runs (DALI's __dlpack__ notes say the same).
     """
     return mx.nd.from_dlpack(tensor_list.as_tensor().__dlpack__()).as_in_context(ctx)
 
@@ -316,38 +335,40 @@ class BatchIter(mx.io.DataIter):
 class DaliIter(BatchIter):
     """Batches of a DALI pipeline, with its errors turned into one-line InputErrors.
 
-    pipe: built by build(idx, 0); build(index, attempt) builds another that reads the .rec through `index`.
-    skip: a record that does not decode is left out instead (see skip_record); `skipped` lists their keys.
+    pipe: built by build(idx, 0, 0); build(index, attempt, epochs) builds another that reads the .rec through
+    `index`, starting from the shard of epoch `epochs`. skip: a record that does not decode is left out instead
+    (see skip_record); `skipped` lists their keys, `index` is the .idx in use.
     """
 
     def __init__(self, s, build, pipe, pads, num_samples, ctx, rec, idx, skip):
         super().__init__(s, pads, num_samples, ctx)
         self.build, self.pipe, self.rec, self.idx, self.skip = build, pipe, rec, idx, skip
-        self.num_classes, self.skipped, self.scratch = s.num_classes, [], None
+        self.num_classes, self.index, self.skipped, self.epochs, self.scratch = s.num_classes, idx, [], 0, None
 
     def reset(self):
         """Finish a partly read epoch first, so that the next one starts at the shard boundary again."""
         while 0 < self.position < len(self.pads):
             self.next()
+        self.epochs += self.position == len(self.pads)
         super().reset()
 
     def skip_record(self, bad):
-        """DALI cannot step over a sample, and a failed pipeline is spent: build a new one on an index without
-        the bad records (in a scratch folder; the data stay untouched). It starts its shard again, shuffled
-        anew; the epoch keeps its number of steps."""
+        """DALI cannot step over a sample, and a failed pipeline is spent: build a new one on a copy of the index
+        without the bad records (in a scratch folder; the data stay untouched). It begins again the shard this
+        epoch reads, shuffled anew; the epoch keeps its number of steps. Its shards are cut on fewer records than
+        the other ranks' readers cut them, which moves their edges by at most a record per record skipped."""
+        if bad.record in self.skipped:  # cannot happen: the search for an unnamed record reads `index`
+            raise bad
         self.skipped.append(bad.record)
         print(f"rn50_mx: {bad}; skipped ({len(self.skipped)} so far on this process)", file=sys.stderr)
         self.scratch = self.scratch or tempfile.TemporaryDirectory(prefix="rn50_mx_idx_")
-        kept = os.path.join(self.scratch.name, f"without{len(self.skipped)}.idx")
-        with open(kept, "w") as f:
-            f.writelines(f"{key}\t{offset}\n" for key, offset in prep_rec.read_idx(self.idx)[0]
-                         if key not in self.skipped)
-        self.pipe = self.build(kept, len(self.skipped))
+        self.index = index_without(self.idx, set(self.skipped), os.path.join(self.scratch.name, "kept.idx"))
+        self.pipe = self.build(self.index, len(self.skipped), self.epochs)
 
     def produce(self):
         while True:
             try:
-                with data_errors(self.rec, self.idx):
+                with data_errors(self.rec, self.index):
                     images, labels, sources = self.pipe.run()
                 break
             except BadRecord as bad:
@@ -355,7 +376,7 @@ class DaliIter(BatchIter):
                     raise
                 self.skip_record(bad)
         label = np.asarray(labels.as_tensor()).reshape(-1)
-        check_labels(label, sources, self.num_classes, self.rec, self.idx)
+        check_labels(label, sources, self.num_classes, self.rec, self.index)
         return to_ndarray(images, self.context), mx.nd.array(label, ctx=self.context, dtype=np.float32)
 
 
@@ -381,15 +402,17 @@ def dali_iter(s, train, rank, world, seed, ctx):
     if s.dali_cache_size and s.device != "gpu":
         raise InputError("--dali-cache-size: the decoded-image cache is a GPU decoder feature (--device gpu)")
 
-    def build(index, attempt):
-        """attempt > 0: after a skipped record, with another shuffle than the pipeline that failed."""
-        pipe = build_pipeline(s, rec, index, train, rank, world, seed + attempt,
+    def build(index, attempt, epochs):
+        """attempt > 0: after a skipped record, with another shuffle than the pipeline that failed, from the shard
+        this rank reads in epoch `epochs` (0-based)."""
+        shard = rank if sticks_to_shard(s, train) else (rank + epochs) % world
+        pipe = build_pipeline(s, rec, index, train, shard, world, seed + attempt,
                               ctx.device_id if s.device == "gpu" else None)
-        with data_errors(rec, idx):
+        with data_errors(rec, index):
             pipe.build()
         return pipe
 
-    pipe = build(idx, 0)
+    pipe = build(idx, 0, 0)
     meta = pipe.reader_meta(READER)
     n = meta["epoch_size"]
     if n < world:
