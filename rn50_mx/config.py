@@ -207,7 +207,7 @@ def validate(s, origins=None):
     def src(name):
         """How the user gave field `name`: its environment variable, or its flag (also for defaults)."""
         origin = origins.get(name, "flag")
-        return flag_name(name) if origin in ("flag", "default") else origin
+        return flag_name(name) if origin == "flag" else origin
 
     for f in FIELDS.values():
         _check(f, getattr(s, f.name), src(f.name))
