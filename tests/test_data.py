@@ -47,6 +47,17 @@ def rewrite_rec(src, dest, change):
     return dest
 
 
+def with_bad_records(src, dest, keys, damage):
+    """A copy of the .rec at src whose records `keys` do not decode: cut in half ("truncated": DALI names the
+    sample) or replaced by bytes that are no image ("not_an_image": DALI cannot name it)."""
+    def spoil(key, header, image):
+        if key in keys:
+            image = image[:len(image) // 2] if damage == "truncated" else b"not a jpeg" * 20
+        return header, image
+
+    return rewrite_rec(src, dest, spoil)
+
+
 def valid_labels(it):
     """Labels of the real (non-pad) samples of one epoch of an iterator."""
     it.reset()
@@ -235,12 +246,7 @@ def test_synthetic_iterator(small_rec):
 def test_a_record_that_does_not_decode_is_named(small_rec, tmp_path, damage):
     """DALI names a sample whose data breaks mid-decode (by byte offset, mapped to the record index); a header it
     cannot parse comes with no name, and the .rec is searched for it."""
-    def spoil(key, header, image):
-        if key == 5:
-            image = image[:len(image) // 2] if damage == "truncated" else b"not a jpeg" * 20
-        return header, image
-
-    bad = rewrite_rec(small_rec, str(tmp_path / "bad"), spoil)
+    bad = with_bad_records(small_rec, str(tmp_path / "bad"), {5}, damage)
     _, val = data.make_iters(settings_for(bad), 0, 1, 1, mx.cpu())
     expected = "does not decode" if damage == "truncated" else "is not an image"
     with pytest.raises(InputError, match=rf"bad\.rec: record 5 {expected}") as err:
@@ -252,21 +258,13 @@ def test_a_record_that_does_not_decode_is_named(small_rec, tmp_path, damage):
 def test_train_skips_and_counts_bad_records_when_asked(unique_rec, tmp_path, capfd, damage):
     """With --skip-bad-records training goes on without record 5 and says so; its epochs keep their steps and
     the record never appears (the label of a sample is its record). Val still stops: the score counts all."""
-    def spoil(key, header, image):
-        if key == 5:
-            image = image[:len(image) // 2] if damage == "truncated" else b"not a jpeg" * 20
-        return header, image
-
-    bad = rewrite_rec(unique_rec, str(tmp_path / "bad"), spoil)
+    bad = with_bad_records(unique_rec, str(tmp_path / "bad"), {5}, damage)
     index = open(bad + ".idx").read()
     s = settings_for(bad, num_classes=21, skip_bad_records=True)
     train, val = data.make_iters(s, 0, 1, 1, mx.cpu())
-    labels = []
-    for _ in range(3):
-        batches = list(train)
-        assert len(batches) == math.ceil(21 / 4)
-        labels += [label for b in batches for label in b.label[0].asnumpy()]
-        train.reset()
+    epochs = [valid_labels(train) for _ in range(3)]
+    assert all(len(epoch) == 4 * math.ceil(21 / 4) for epoch in epochs), "every epoch keeps its steps"
+    labels = sum(epochs, [])
     assert train.skipped == [5] and 5 not in labels and len(set(labels)) == 20
     assert "bad.rec: record 5" in capfd.readouterr().err
     with pytest.raises(InputError, match=r"bad\.rec: record 5"):
@@ -282,15 +280,9 @@ def test_train_skips_and_counts_bad_records_when_asked(unique_rec, tmp_path, cap
 def test_skipping_finds_each_unnamed_bad_record_once(unique_rec, tmp_path, capfd):
     """Two records that DALI cannot even identify: each failure is searched for in the index in use, which no
     longer lists the records already skipped (searching the original one found the first again, forever)."""
-    def spoil(key, header, image):
-        return header, b"not a jpeg" * 20 if key in (5, 12) else image
-
-    bad = rewrite_rec(unique_rec, str(tmp_path / "bad"), spoil)
+    bad = with_bad_records(unique_rec, str(tmp_path / "bad"), {5, 12}, "not_an_image")
     train, _ = data.make_iters(settings_for(bad, num_classes=21, skip_bad_records=True), 0, 1, 1, mx.cpu())
-    labels = []
-    for _ in range(3):
-        labels += [label for b in train for label in b.label[0].asnumpy()]
-        train.reset()
+    labels = [label for _ in range(3) for label in valid_labels(train)]
     assert sorted(train.skipped) == [5, 12] and not {5, 12} & set(labels) and len(set(labels)) == 19
     assert capfd.readouterr().err.count("skipped (") == 2
 
@@ -299,16 +291,11 @@ def test_after_a_skip_the_reader_stays_in_step_with_the_other_ranks(unique_rec, 
     """Rank 0 of 2 reads shard 0 (records 0-9) in epoch 1 and shard 1 (10-20) in epoch 2, as the other rank's
     reader moves on too. A bad record met in epoch 2 must not send its new pipeline back to shard 0: it begins
     shard 1 again (so 10-14 come twice), then moves on to shard 0 in epoch 3."""
-    def spoil(key, header, image):
-        return header, image[:len(image) // 2] if key == 15 else image
-
-    bad = rewrite_rec(unique_rec, str(tmp_path / "bad"), spoil)
+    bad = with_bad_records(unique_rec, str(tmp_path / "bad"), {15}, "truncated")
     s = settings_for(bad, num_classes=21, skip_bad_records=True, dali_initial_fill=1, batch_size=5)
     train, _ = data.make_iters(s, 0, 2, 1, mx.cpu())
-    epochs = []
-    for _ in range(3):
-        epochs.append([int(label) for b in train for label in b.label[0].asnumpy()])
-        train.reset()
+    epochs = [[int(label) for label in valid_labels(train)] for _ in range(3)]
+    train.reset()  # the third epoch is counted when the next one begins
     assert train.skipped == [15] and train.epochs == 3
     assert sorted(epochs[0]) == list(range(10)), epochs
     assert all(label >= 10 for label in epochs[1]), epochs
