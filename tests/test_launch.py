@@ -446,3 +446,13 @@ def test_the_package_runs_on_the_images_python_3_8(tmp_path):
     assert result.returncode == 0, result.stdout
     (tmp_path / "newer.py").write_text("print('rn50_x'.removeprefix('rn50_'))\n")
     assert subprocess.run([*check, str(tmp_path / "newer.py")], capture_output=True).returncode != 0
+
+
+def test_no_undefined_names_or_unused_imports(tmp_path):
+    """pyflakes over the code: a name used but never defined fails only on the branch that reaches it (GPU-only
+    branches included), so it is caught here; the check itself flags an undefined name."""
+    check = [shutil.which("python", path=ENV_PATH), "-m", "pyflakes"]
+    result = subprocess.run([*check, "rn50_mx", "bench", "tests"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (tmp_path / "undefined.py").write_text("def f():\n    return InputError\n")
+    assert subprocess.run([*check, str(tmp_path / "undefined.py")], capture_output=True).returncode != 0

@@ -269,11 +269,11 @@ def test_imagenet_labels_val_by_train_classes(jpeg_tree, tmp_path):
     raw = tmp_path / "raw"
     shutil.copytree(jpeg_tree, raw / "train")
     shutil.copytree(os.path.join(jpeg_tree, CLASSES[2]), raw / "val" / CLASSES[2])
-    train, val = prep_rec.pack_imagenet(str(raw), str(tmp_path / "out"))
+    train, val = prep_rec.pack_imagenet(str(raw), str(tmp_path / "out"), classes=3)
     assert (train.images, train.classes, val.images, val.classes) == (21, 3, 7, 1)
     assert {h.label for h, _ in read_records(str(tmp_path / "out" / "val"))[0].values()} == {2.0}
     shutil.copytree(os.path.join(jpeg_tree, CLASSES[0]), raw / "val" / "sweater")
-    result = cli("imagenet", raw, tmp_path / "again")
+    result = cli("imagenet", raw, tmp_path / "again", "--classes", 3)
     assert_one_line_error(result, raw / "val" / "sweater")
     assert not (tmp_path / "again").exists() or not os.listdir(tmp_path / "again")
 
