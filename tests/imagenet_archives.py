@@ -39,17 +39,17 @@ def fashion_picture():
     return picture
 
 
-def encode(img, kind="jpeg"):
+def encode(img, kind="jpeg", quality=90):
     """The file bytes of `img` as an ImageNet file would hold them."""
     out = io.BytesIO()
     if kind == "png":
         img.save(out, "PNG")
     elif kind == "cmyk":
-        img.convert("CMYK").save(out, "JPEG", quality=90)
+        img.convert("CMYK").save(out, "JPEG", quality=quality)
     elif kind == "grey":
-        img.convert("L").save(out, "JPEG", quality=90)
+        img.convert("L").save(out, "JPEG", quality=quality)
     else:
-        img.save(out, "JPEG", quality=90)
+        img.save(out, "JPEG", quality=quality)
     return out.getvalue()
 
 
@@ -67,7 +67,7 @@ class SmallImageNet:
         return {f"{ODD[k][:9]}/{ODD[k]}": {"png": "PNG", "cmyk": "CMYK JPEG"}[k] for k in ("png", "cmyk")}
 
 
-def make(wnids=WNIDS, per_class=6, val_images=12, picture=None, seed=0):
+def make(wnids=WNIDS, per_class=6, val_images=12, picture=None, seed=0, quality=90):
     """A SmallImageNet: per_class train images per class (one class one fewer, as ImageNet's counts vary) with
     the odd files among them, and val_images val images of random classes."""
     picture = picture or fashion_picture()
@@ -77,15 +77,15 @@ def make(wnids=WNIDS, per_class=6, val_images=12, picture=None, seed=0):
         net.train[wnid] = {}
         for k in range(per_class - (c == 1)):
             name = f"{wnid}_{rng.randrange(1, 20000)}.JPEG"
-            net.train[wnid][name] = encode(picture(n))
+            net.train[wnid][name] = encode(picture(n), quality=quality)
             n += 1
     for kind, name in ODD.items():
-        net.train[name[:9]][name] = encode(picture(n), kind)
+        net.train[name[:9]][name] = encode(picture(n), kind, quality)
         n += 1
     for i in range(1, val_images + 1):
         name = f"ILSVRC2012_val_{i:08d}.JPEG"
         net.val_class[name] = wnids[rng.randrange(len(wnids))]
-        net.val[name] = encode(picture(n))
+        net.val[name] = encode(picture(n), quality=quality)
         n += 1
     return net
 

@@ -97,22 +97,27 @@ def run(args):
         if summaries is None:
             print(f"{args.out_dir}: already complete for these arguments; nothing to do")
             return 0
+        for summary in summaries:
+            report(summary)
+        return 0
+    options.update(shuffle=args.shuffle, skip_bad=args.skip_bad)
+    if args.command == "imagenet":
+        pack_imagenet(args.src, args.out_dir, classes=args.classes, md5=args.check_md5,
+                      keep_odd_bytes=args.keep_odd_bytes, on_split=report, **options)
     else:
-        options.update(shuffle=args.shuffle, skip_bad=args.skip_bad)
-        if args.command == "imagenet":
-            summaries = pack_imagenet(args.src, args.out_dir, classes=args.classes, md5=args.check_md5,
-                                      keep_odd_bytes=args.keep_odd_bytes, **options)
-        else:
-            classes = classes_from_lst(args.classes_from) if args.classes_from else None
-            summaries = [pack(args.src_dir, args.out_prefix, list_file=args.list_file, classes=classes, **options)]
-    for summary in summaries:
-        for problem in summary.problems:
-            print(f"{PROG}: skipped {problem}", file=sys.stderr)
-        notes = [f", {len(summary.problems)} bad files skipped"] * bool(summary.problems)
-        notes += [f", {len(summary.notes)} odd files re-encoded as RGB JPEG: {'; '.join(summary.notes)}"] * bool(
-            summary.notes)
-        print(summary.line("".join(notes)))
+        classes = classes_from_lst(args.classes_from) if args.classes_from else None
+        report(pack(args.src_dir, args.out_prefix, list_file=args.list_file, classes=classes, **options))
     return 0
+
+
+def report(summary):
+    """One packed file's summary line on stdout, after a line on stderr for each bad file it left out."""
+    for problem in summary.problems:
+        print(f"{PROG}: skipped {problem}", file=sys.stderr)
+    notes = [f", {len(summary.problems)} bad files skipped"] * bool(summary.problems)
+    notes += [f", {len(summary.notes)} odd files re-encoded as RGB JPEG: {'; '.join(summary.notes)}"] * bool(
+        summary.notes)
+    print(summary.line("".join(notes)), flush=True)
 
 
 def main(argv=None):

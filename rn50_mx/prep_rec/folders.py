@@ -26,10 +26,19 @@ def list_classes(src_dir):
 
 
 def image_files(folder):
-    """The image files directly inside `folder`, sorted by name, as os.DirEntry (their sizes come with them)."""
+    """The entries named like images directly inside `folder`, sorted by name, as os.DirEntry. Anything but a
+    folder counts: a broken link or a file that cannot be read is then named when it is read, not left out."""
     return sorted((entry for entry in os.scandir(folder)
-                   if os.path.splitext(entry.name)[1].lower() in IMAGE_EXTS and entry.is_file()),
+                   if os.path.splitext(entry.name)[1].lower() in IMAGE_EXTS and not entry.is_dir()),
                   key=lambda entry: entry.name)
+
+
+def size_of(entry):
+    """The bytes of a listed file, for progress; 0 when it cannot be read (reading it will say why)."""
+    try:
+        return entry.stat().st_size
+    except OSError:
+        return 0
 
 
 def list_images(src_dir, classes=None):

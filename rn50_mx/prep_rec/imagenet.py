@@ -112,9 +112,10 @@ def pack_split(entries, labels, out_prefix, *, shuffle, seed, keep_odd_bytes, **
 
 
 def pack_imagenet(src, out_dir, *, classes=layouts.IMAGENET_CLASSES, md5=False, keep_odd_bytes=False,
-                  shuffle=True, seed=IM2REC_SEED, workers=8, progress=None, on_found=print, skip_bad=False):
+                  shuffle=True, seed=IM2REC_SEED, workers=8, progress=None, skip_bad=False, on_found=print,
+                  on_split=None):
     """SRC -> OUT_DIR/{val,train}.{lst,rec,idx} (val first: the small one). on_found gets the line saying which
-    layout SRC holds. Returns the (train, val) Summaries."""
+    layout SRC holds, on_split each split's Summary when it is written. Returns the (train, val) Summaries."""
     if md5 and not all(os.path.isfile(os.path.join(src, name)) for name in MD5):
         raise InputError(f"{src}: --check-md5 checks the official archives {', '.join(MD5)}, which are not all here")
     if md5:
@@ -124,6 +125,9 @@ def pack_imagenet(src, out_dir, *, classes=layouts.IMAGENET_CLASSES, md5=False, 
     check(found, src, classes)
     labels = {wnid: label for label, wnid in enumerate(sorted({e.wnid for e in found.train}))}
     options = dict(shuffle=shuffle, seed=seed, keep_odd_bytes=keep_odd_bytes, workers=workers, progress=progress, skip_bad=skip_bad)
-    val = pack_split(found.val, labels, os.path.join(out_dir, "val"), **options)
-    train = pack_split(found.train, labels, os.path.join(out_dir, "train"), **options)
-    return train, val
+    summaries = []
+    for split in ("val", "train"):
+        summaries.append(pack_split(getattr(found, split), labels, os.path.join(out_dir, split), **options))
+        if on_split:
+            on_split(summaries[-1])
+    return summaries[::-1]

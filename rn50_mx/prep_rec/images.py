@@ -22,15 +22,27 @@ def checked(data, name):
 
 def odd_kind(data):
     """Why ImageNet's preprocessing re-encodes these bytes ("PNG", "CMYK JPEG"), or None for a JPEG kept as it
-    is (grayscale included: the decoders make RGB of it). Told by the bytes, not by a list of names: Pillow
-    reads only the header here."""
+    is (grayscale included: the decoders make RGB of it). Told by the bytes, not by a list of names."""
     if data.startswith(PNG_SIGNATURE):
         return "PNG"
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            return "CMYK JPEG" if img.mode == "CMYK" else None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
-        return None  # not for this check to judge: verify decodes every image
+    return "CMYK JPEG" if jpeg_components(data) == 4 else None
+
+
+def jpeg_components(data):
+    """The colour components of a JPEG's frame (1 gray, 3 YCbCr or RGB, 4 CMYK or YCCK), or None without a
+    frame header. It walks the marker segments to the first start-of-frame (SOF0-SOF15 but DHT, JPG and DAC),
+    whose 10th byte is the count: Pillow's open() tells the same by its mode, but parses every table on the way
+    in Python, which was 40% of the CPU time per packed image."""
+    i = 2
+    while i + 9 < len(data) and data[i] == 0xFF:
+        marker = data[i + 1]
+        if marker == 0xFF:  # a fill byte before the marker
+            i += 1
+        elif 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            return data[i + 9]
+        else:
+            i += 2 + int.from_bytes(data[i + 2:i + 4], "big")
+    return None
 
 
 def as_rgb_jpeg(data, name):

@@ -37,10 +37,16 @@ class Window(io.RawIOBase):
         self.pos = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence] + pos
         return self.pos
 
-    def readinto(self, buffer):
-        data = os.pread(self.fd, max(0, min(len(buffer), self.size - self.pos)), self.start + self.pos)
-        buffer[:len(data)] = data
+    def read(self, n=-1):
+        """Up to n bytes (all that is left for n < 0): one pread, no copy (tarfile asks for a header at a time)."""
+        left = self.size - self.pos
+        data = os.pread(self.fd, left if n is None or n < 0 else max(0, min(n, left)), self.start + self.pos)
         self.pos += len(data)
+        return data
+
+    def readinto(self, buffer):
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
         return len(data)
 
 
@@ -49,15 +55,27 @@ def members(fd, start, size, name):
 
     A tar that stops early (its last member runs past the end, or the end-of-archive blocks are missing: tarfile
     takes either for a normal end) or is no tar at all is an InputError naming `name`."""
+    truncated = f"{name}: truncated tar (a member or the end-of-archive blocks run past its {size} bytes)"
     try:
         with tarfile.open(fileobj=Window(fd, start, size), mode="r:") as tar:
             found = [Member(info.name, start + info.offset_data, info.size) for info in tar if info.isfile()]
             end = tar.offset
     except (tarfile.TarError, EOFError) as err:
+        if str(err) == "unexpected end of data":  # tarfile's word for a member that runs past the end
+            raise InputError(truncated) from None
         raise InputError(f"{name}: not a tar ({err})") from None
     if end + END_OF_ARCHIVE > size:
-        raise InputError(f"{name}: truncated tar (a member or the end-of-archive blocks run past its {size} bytes)")
+        raise InputError(truncated)
     return found
+
+
+def class_members(path, outer):
+    """members() of the tar `outer` inside the tar at `path`, for a worker process (it opens the file itself)."""
+    fd, _ = open_archive(path)
+    try:
+        return members(fd, outer.offset, outer.size, f"{path}: member {outer.name}")
+    finally:
+        os.close(fd)
 
 
 def open_archive(path):
