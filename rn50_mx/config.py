@@ -106,7 +106,10 @@ class Settings:
     lr_step_epochs: str = _opt("pow2", "schedule: warmup + polynomial decay of power 2", env="LRSCHED",
                                choices=("pow2",))
     warmup_epochs: float = _opt(2.0, "linear warmup length, epochs", env="WARMUP_EPOCHS", low=0.0)
-    num_epochs: int = _opt(37, "schedule horizon and epoch limit", env="NUMEPOCHS", low=1)
+    num_epochs: int = _opt(37, "schedule horizon: the poly(2) decay reaches END_LR here; also the epoch limit "
+                           "unless RN50_MAX_EPOCHS", env="NUMEPOCHS", low=1)
+    max_epochs: int = _opt(0, "epoch limit past the horizon, trained at END_LR (reference runs that converged late "
+                           "did so); 0 = NUMEPOCHS", env="RN50_MAX_EPOCHS", low=0)
     mom: float = _opt(0.9, "momentum", env="MOM", low=0.0, high=1.0)
     wd: float = _opt(5e-5, "weight decay (not on BN parameters and biases)", env="WD", low=0.0)
     lars_eta: float = _opt(0.001, "LARS trust coefficient", env="LARSETA", low=0.0)
@@ -147,6 +150,11 @@ class Settings:
     def image_chw(self):
         """(C, H, W) parsed from image_shape."""
         return tuple(int(v) for v in self.image_shape.split(","))
+
+    @property
+    def epoch_limit(self):
+        """The last epoch a run may train, 1-based: NUMEPOCHS, or RN50_MAX_EPOCHS past it."""
+        return max(self.num_epochs, self.max_epochs)
 
     @property
     def is_lars(self):
@@ -235,9 +243,12 @@ def validate(s, origins=None):
     if s.eval_offset >= s.eval_period:
         raise SettingsError(f"{src('eval_offset')}={s.eval_offset}: must be below "
                             f"{src('eval_period')}={s.eval_period}")
-    if s.eval_offset >= s.num_epochs and not s.eval_last_epoch:
-        raise SettingsError(f"{src('eval_offset')}={s.eval_offset}: no epoch of {src('num_epochs')}={s.num_epochs} "
-                            "would be evaluated")
+    if 0 < s.max_epochs < s.num_epochs:
+        raise SettingsError(f"{src('max_epochs')}={s.max_epochs}: must be 0 or at least "
+                            f"{src('num_epochs')}={s.num_epochs}")
+    if s.eval_offset >= s.epoch_limit and not s.eval_last_epoch:
+        raise SettingsError(f"{src('eval_offset')}={s.eval_offset}: no epoch of the {s.epoch_limit} "
+                            f"({src('num_epochs')}, {src('max_epochs')}) would be evaluated")
     if s.warmup_epochs >= s.num_epochs:
         raise SettingsError(f"{src('warmup_epochs')}={s.warmup_epochs}: must be below "
                             f"{src('num_epochs')}={s.num_epochs}")

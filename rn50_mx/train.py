@@ -84,18 +84,18 @@ def eval_epochs(s):
     """0-based epochs after which we evaluate: every eval_period from eval_offset, as the MLPerf rules allow
     (spec §12), plus the last epoch only when --eval-last-epoch asks for it (an off-schedule eval: not for
     submissions)."""
-    scheduled = {e for e in range(s.num_epochs) if e % s.eval_period == s.eval_offset}
-    return sorted(scheduled | ({s.num_epochs - 1} if s.eval_last_epoch else set()))
+    scheduled = {e for e in range(s.epoch_limit) if e % s.eval_period == s.eval_offset}
+    return sorted(scheduled | ({s.epoch_limit - 1} if s.eval_last_epoch else set()))
 
 
 def fit(s, d, net, loss_fn, trainer, train_it, val_it):
     """Epochs in blocks that end with an eval; returns the run_stop status. Training stops after the last eval:
     epochs no eval would judge cannot change the outcome (the reference trained them, then aborted)."""
     evals, first = eval_epochs(s), 0
-    last = evals[-1] if evals and val_it is not None else s.num_epochs - 1
+    last = evals[-1] if evals and val_it is not None else s.epoch_limit - 1
     for epoch in range(last + 1):
         if epoch == first:
-            count = next(e for e in evals if e >= first) - first + 1 if evals else s.num_epochs
+            count = next(e for e in evals if e >= first) - first + 1 if evals else s.epoch_limit
             log.start(K.BLOCK_START, metadata={K.FIRST_EPOCH_NUM: first + 1, K.EPOCH_COUNT: count})
         speed, wait, loss = train_epoch(net, loss_fn, trainer, train_it, epoch, s)
         log.event("throughput", speed * d.size, metadata={K.EPOCH_NUM: epoch + 1})

@@ -47,10 +47,25 @@ class Recipe:
     def eval_offset(self):
         return (self.eval_target - 1) % EVAL_PERIOD
 
+    @property
+    def epoch_limit(self):
+        """NUMEPOCHS, or past it (at the end LR, RN50_MAX_EPOCHS) up to the first eval at or after the epoch where
+        the slowest reference run converged: a run as slow as that one is then judged, not stopped before."""
+        first = self.eval_offset + 1
+        covering = first + max(0, math.ceil((self.expect[2] - first) / EVAL_PERIOD)) * EVAL_PERIOD
+        return max(self.num_epochs, covering)
+
+    @property
+    def last_eval(self):
+        """The last epoch the schedule evaluates within the limit; training stops there."""
+        first = self.eval_offset + 1
+        return first + (self.epoch_limit - first) // EVAL_PERIOD * EVAL_PERIOD
+
     def settings(self):
         """The recipe as rn50_mx Settings (validated as training validates them)."""
         return config.Settings().replace(
             batch_size=self.batch_per_gpu, lr=self.lr, warmup_epochs=self.warmup_epochs, num_epochs=self.num_epochs,
+            max_epochs=self.epoch_limit if self.epoch_limit > self.num_epochs else 0,
             mom=self.momentum, wd=self.wd, eval_period=EVAL_PERIOD, eval_offset=self.eval_offset,
             dgxngpu=self.gpus_per_node, dgxnnodes=self.nodes, kv_store="horovod")
 
@@ -83,10 +98,6 @@ def from_point(point, args, checker, kind):
                   (mode_epoch(point.epochs), min(point.epochs), max(point.epochs)),
                   f"most of its {len(point.epochs)} converged runs{mean}",
                   checker_words(record, how))
-    late = [e for e in point.epochs if e > recipe.num_epochs]
-    if late:
-        recipe.notes.append(f"{len(late)} of the {len(point.epochs)} reference runs converged after epoch "
-                            f"{recipe.num_epochs} (at the end LR); rn50_mx stops there: NUMEPOCHS is also its horizon")
     return recipe
 
 

@@ -16,7 +16,7 @@ def minutes(epochs, recipe, img_per_sec):
 
 def walltime(recipe, img_per_sec):
     """Slurm's limit for one trial: the whole epoch budget plus init and evals, up to 5 minutes."""
-    total = math.ceil((minutes(recipe.num_epochs, recipe, img_per_sec) + INIT_AND_EVAL_MINUTES) / 5) * 5
+    total = math.ceil((minutes(recipe.last_eval, recipe, img_per_sec) + INIT_AND_EVAL_MINUTES) / 5) * 5
     return f"{total // 60:02d}:{total % 60:02d}:00"
 
 
@@ -27,7 +27,7 @@ def number(value):
 
 def eval_epochs(recipe):
     first = recipe.eval_offset + 1
-    return f"{first}, {first + EVAL_PERIOD}, ..., {recipe.eval_target}"
+    return f"{first}, {first + EVAL_PERIOD}, ..., {recipe.last_eval}"
 
 
 def describe(recipe, img_per_sec, speed_source):
@@ -41,16 +41,27 @@ def describe(recipe, img_per_sec, speed_source):
         f"{recipe.num_epochs} epochs, momentum {recipe.momentum}, weight decay {recipe.wd:.1e}, LARS eta 0.001 eps 0",
         f"epochs to expect: {number(round(mean, 2))} ({recipe.expect_source}; "
         f"the reference runs took {low}-{high})",
-        f"epoch budget: NUMEPOCHS {recipe.num_epochs} = the decay horizon, which in rn50_mx also ends the run; "
-        f"{recipe.num_epochs - recipe.eval_target} epoch(s) past the expected one, and rn50_mx evaluates the last",
+        f"epoch budget: the decay ends at NUMEPOCHS {recipe.num_epochs}"
+        + (f", then END_LR up to RN50_MAX_EPOCHS {recipe.epoch_limit}" if recipe.epoch_limit > recipe.num_epochs
+           else "")
+        + f"; the last eval is after epoch {recipe.last_eval}, {recipe.last_eval - recipe.eval_target} epoch(s) "
+        "past the expected one, and a run that has not converged by then stops there",
         f"evals: EVAL_PERIOD {EVAL_PERIOD}, EVAL_OFFSET {recipe.eval_offset}: after epochs {eval_epochs(recipe)}",
         f"time to train: ~{minutes(recipe.eval_target, recipe, img_per_sec):.1f} min at {img_per_sec:,.0f} img/s per "
         f"GPU ({speed_source}; ideal scaling, evals and init not counted), "
-        f"{minutes(recipe.num_epochs, recipe, img_per_sec):.1f} min for the whole budget",
+        f"{minutes(recipe.last_eval, recipe, img_per_sec):.1f} min for the whole budget",
         recipe.checker_line,
     ]
     note = momentum_note(recipe.global_batch, recipe.momentum)
     return "\n".join(rows + [f"note: {text}" for text in recipe.notes + ([note] if note else [])])
+
+
+def max_epochs_line(recipe):
+    """The RN50_MAX_EPOCHS export when the recipe trains past its horizon, else nothing."""
+    if recipe.epoch_limit == recipe.num_epochs:
+        return ""
+    return (f"export RN50_MAX_EPOCHS={recipe.epoch_limit}  # on at END_LR to the eval after epoch {recipe.expect[2]}, "
+            "where the slowest reference run converged\n")
 
 
 def config_text(recipe, command, img_per_sec):
@@ -64,8 +75,8 @@ source "$(dirname "${{BASH_SOURCE[0]}}")/A100x8_common.sh"
 export BATCHSIZE={recipe.batch_per_gpu}  # per GPU
 export LR={number(recipe.lr)}
 export WARMUP_EPOCHS={number(recipe.warmup_epochs)}
-export NUMEPOCHS={recipe.num_epochs}  # also the horizon of the poly(2) decay
-export EVAL_OFFSET={recipe.eval_offset}  # evals after epochs {eval_epochs(recipe)} (and the last)
+export NUMEPOCHS={recipe.num_epochs}  # the horizon of the poly(2) decay
+{max_epochs_line(recipe)}export EVAL_OFFSET={recipe.eval_offset}  # evals after epochs {eval_epochs(recipe)}
 export WD={recipe.wd:.1e}
 export MOM={recipe.momentum}
 
