@@ -247,8 +247,9 @@ def validate(s, origins=None):
         raise SettingsError(f"{src('max_epochs')}={s.max_epochs}: must be 0 or at least "
                             f"{src('num_epochs')}={s.num_epochs}")
     if s.eval_offset >= s.epoch_limit and not s.eval_last_epoch:
-        raise SettingsError(f"{src('eval_offset')}={s.eval_offset}: no epoch of the {s.epoch_limit} "
-                            f"({src('num_epochs')}, {src('max_epochs')}) would be evaluated")
+        limit = f", {src('max_epochs')}={s.max_epochs}" if s.max_epochs else ""
+        raise SettingsError(f"{src('eval_offset')}={s.eval_offset}: no epoch up to {s.epoch_limit} "
+                            f"({src('num_epochs')}={s.num_epochs}{limit}) would be evaluated")
     if s.warmup_epochs >= s.num_epochs:
         raise SettingsError(f"{src('warmup_epochs')}={s.warmup_epochs}: must be below "
                             f"{src('num_epochs')}={s.num_epochs}")

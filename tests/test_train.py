@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from rn50_mx import config, prep_rec, timing, train
+from rn50_mx import config, optim, prep_rec, timing, train
 from rn50_mx.config import Settings
 from conftest import CHECKER_ON_A_SHORT_RUN, assert_one_line_naming
 
@@ -52,8 +52,16 @@ def test_eval_epochs_follow_the_mlperf_schedule(epochs, offset, period, last, ev
     assert [e + 1 for e in train.eval_epochs(s)] == evaluated
 
 
+def test_max_epochs_extends_the_schedule_past_the_horizon():
+    s = config.load([], {"NUMEPOCHS": "35", "RN50_MAX_EPOCHS": "39"})
+    assert [e + 1 for e in train.eval_epochs(s)][-3:] == [31, 35, 39] and s.epoch_limit == 39
+    assert optim.lr_at(40 * 10, 7.4, 1e-4, 20, 35 * 10) == 1e-4  # past the horizon: the end LR
+    with pytest.raises(config.SettingsError, match="RN50_MAX_EPOCHS=30: must be 0 or at least NUMEPOCHS=35"):
+        config.load([], {"NUMEPOCHS": "35", "RN50_MAX_EPOCHS": "30"})
+
+
 def test_a_schedule_that_evaluates_nothing_is_refused():
-    with pytest.raises(config.SettingsError, match="EVAL_OFFSET=2: no epoch of NUMEPOCHS=2 would be evaluated"):
+    with pytest.raises(config.SettingsError, match=r"EVAL_OFFSET=2: no epoch up to 2 \(NUMEPOCHS=2\) would be"):
         config.load([], {"NUMEPOCHS": "2", "EVAL_OFFSET": "2", "WARMUP_EPOCHS": "0"})
     assert train.eval_epochs(config.load(["--eval-last-epoch=1"], {"NUMEPOCHS": "2", "EVAL_OFFSET": "2",
                                                                     "WARMUP_EPOCHS": "0"})) == [1]
