@@ -199,12 +199,17 @@ def read_archives(src, workers, progress):
     train_path, val_path = os.path.join(src, TRAIN_TAR), os.path.join(src, VAL_TAR)
     ids, counts, truth, truth_name = devkit(os.path.join(src, DEVKIT))
     fd, size = tars.open_archive(val_path)
-    val = tars.members(fd, 0, size, val_path)
+    try:
+        val = tars.members(fd, 0, size, val_path)
+    finally:
+        os.close(fd)
     labels = label_by_truth([m.name for m in val], ids, truth, truth_name, val_path)
     val = [Entry(labels[m.name], m.name, val_path, m.offset, m.size) for m in val]
     fd, size = tars.open_archive(train_path)
-    classes = tars.members(fd, 0, size, train_path)
-    os.close(fd)
+    try:
+        classes = tars.members(fd, 0, size, train_path)
+    finally:
+        os.close(fd)
     where = {os.path.splitext(outer.name)[0]: f"{train_path}: member {outer.name}" for outer in classes}
     for outer in classes:
         if not outer.name.endswith(".tar") or "/" in outer.name:
