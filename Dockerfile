@@ -13,20 +13,22 @@ FROM ${FROM_IMAGE_NAME}
 WORKDIR /workspace/rn50
 COPY setup.py constraints.txt ./
 COPY rn50_mx/ rn50_mx/
-# --no-deps keeps the image's MXNet, Horovod and numpy. The three packages added take their versions from
-# constraints.txt, the one pin file (their own dependencies resolve for the image's Python 3.8). DALI is replaced:
+# --no-deps keeps the image's MXNet, Horovod and numpy (kept below 1.24, which MXNet 1.9.1 needs, when a dependency
+# asks for numpy). The packages added, rn50_mx's own dependencies and DALI, take their versions from constraints.txt,
+# the one pin file (its Python 3.8 lines where they differ; their dependencies resolve for 3.8). DALI is replaced:
 # rn50_mx hands DALI's batches to MXNet without a copy, which needs the dynamic executor (DALI >= 1.44; the image's
 # 1.18 recycles output buffers while MXNet may still read them) and reads GPU image shapes on the CPU. 1.48 is the
 # newest CUDA 11 build we expect to still install on Python 3.8 (not built here: NVIDIA's index is not reachable).
 RUN pip install --no-cache-dir --no-deps . \
- && grep -E "^(mlperf-logging|tqdm|nvidia-dali-cuda110)==" constraints.txt > /tmp/image-pins.txt \
- && pip install --no-cache-dir --extra-index-url https://pypi.nvidia.com -r /tmp/image-pins.txt
+ && grep -iE "^(mlperf-logging|tqdm|pillow|scipy|nvidia-dali-cuda110)==" constraints.txt > /tmp/image-pins.txt \
+ && echo "numpy<1.24" > /tmp/image-cap.txt \
+ && pip install --no-cache-dir --extra-index-url https://pypi.nvidia.com -c /tmp/image-cap.txt -r /tmp/image-pins.txt
 COPY run_and_time.sh ./
 COPY config/ config/
 
 # The build fails here when the stack cannot run the GPU path: MXNet without CUDA, cuDNN or NCCL, Horovod without
-# NCCL, DALI older than 1.44 or without the dynamic executor, or a package that needs a newer Python than the
-# image's (the import fails). No GPU is needed: it reads versions and build features. The CUDA compat library
+# NCCL, DALI older than 1.44 or without the dynamic executor, a module of rn50_mx that does not import (a missing
+# package, or one that needs a newer Python than the image's). No GPU is needed: it reads versions and build features. The CUDA compat library
 # stands in for the driver that `docker build` does not have. CHECK_STACK=0 skips it (say why in an issue).
 ARG CHECK_STACK=1
 RUN if [ "$CHECK_STACK" = 1 ]; then \

@@ -17,6 +17,7 @@ setup(
         "numpy<1.24",
         "mlperf-logging",  # timing.py uses its result-summarizer and RCP internals: constraints.txt pins it
         "Pillow",
+        "scipy",  # prep_rec reads the ImageNet devkit's meta.mat
         "tqdm",
     ],
     extras_require={

@@ -13,6 +13,7 @@ nvJPEG and buffer knobs of spec §4 are always passed; DALI applies them on the 
 DALI 2.x has no MXNet plugin, so the iterator is ours. DALI's prefetch queue prepares the next batches while
 the model computes; the outputs reach MXNet through DLPack without a copy.
 """
+import collections
 import contextlib
 import io
 import math
@@ -23,6 +24,7 @@ import tempfile
 import time
 
 import mxnet as mx
+from mxnet.base import _LIB, check_call
 import numpy as np
 from nvidia.dali import fn, types
 from nvidia.dali.pipeline import Pipeline
@@ -35,6 +37,7 @@ MEAN = tuple(255 * m for m in (0.485, 0.456, 0.406))
 STD = tuple(255 * s for s in (0.229, 0.224, 0.225))
 MIB = 1 << 20
 READER = "Reader"
+KEEP_BEYOND_PREFETCH = 2  # batches DaliIter keeps referenced beyond the prefetch depth (DaliIter.hold)
 DALI_DTYPES = {"float32": types.FLOAT, "float16": types.FLOAT16}
 
 
@@ -114,8 +117,8 @@ def input_error(err, rec, idx):
     cause = text.split("encountered:")[-1].strip().splitlines()[0] if "encountered:" in text else text
     cause = re.sub(r'^Assert on ".*" failed: ', "", cause)
     verify = f"check it with: python -m rn50_mx.prep_rec verify {os.path.splitext(rec)[0]}"
-    if "fn.decoders." in text:
-        named = re.search(r" at index (\d+)$", cause)
+    if "fn.decoders." in text:  # the sample's source: "<rec> at index <offset>" (where the wording puts it)
+        named = re.search(re.escape(rec) + r" at index (\d+)", text)
         if named:
             record = record_at(idx, int(named.group(1)))
             return BadRecord(f"{rec}: record {record} does not decode (its data breaks off or is corrupt)", record)
@@ -344,6 +347,7 @@ class DaliIter(BatchIter):
         super().__init__(s, pads, num_samples, ctx)
         self.build, self.pipe, self.rec, self.idx, self.skip = build, pipe, rec, idx, skip
         self.num_classes, self.index, self.skipped, self.epochs, self.scratch = s.num_classes, idx, [], 0, None
+        self.in_use, self.keep = collections.deque(), s.dali_prefetch_queue + KEEP_BEYOND_PREFETCH
 
     def reset(self):
         """Finish a partly read epoch first, so that the next one starts at the shard boundary again."""
@@ -377,7 +381,26 @@ class DaliIter(BatchIter):
                 self.skip_record(bad)
         label = np.asarray(labels.as_tensor()).reshape(-1)
         check_labels(label, sources, self.num_classes, self.rec, self.index)
-        return to_ndarray(images, self.context), mx.nd.array(label, ctx=self.context, dtype=np.float32)
+        return self.hold(to_ndarray(images, self.context)), mx.nd.array(label, ctx=self.context, dtype=np.float32)
+
+    def hold(self, data):
+        """Keep a batch that shares DALI's buffer referenced until the engine is done reading it.
+
+        When the last reference to an array made by from_dlpack goes, MXNet hands the buffer back to DALI at once
+        (ndarray.h: the chunk's deleter), without waiting for the operations that read it; with NGC's
+        MXNET_ASYNC_GPU_ENGINE no operation waits on its stream either, so the first convolution could still be
+        queued when DALI fills the buffer with a later batch. The last `keep` batches stay referenced here, and
+        the oldest is let go only after wait_for_readers()."""
+        self.in_use.append(data)
+        if len(self.in_use) > self.keep:
+            wait_for_readers(self.in_use.popleft())
+        return data
+
+
+def wait_for_readers(array):
+    """Block until every operation that reads `array` is done: MXNet's NDArray::WaitToWrite, from its C API (the
+    Python NDArray has only wait_to_read, which waits for the writers)."""
+    check_call(_LIB.MXNDArrayWaitToWrite(array.handle))
 
 
 class SyntheticIter(BatchIter):

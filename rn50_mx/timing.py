@@ -289,7 +289,10 @@ def format_report(report):
 
 def plot(report, png):
     """Top-1 against epoch and images/s per epoch, one line per run, saved as a PNG."""
-    import matplotlib  # optional (the test extra): only --plot needs it
+    try:
+        import matplotlib  # optional (the test extra): only --plot needs it
+    except ImportError:
+        raise InputError(f"{png}: --plot needs matplotlib (pip install matplotlib)") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -70,6 +70,8 @@ def accuracy(net, val_it, d):
     correct, images = mx.nd.zeros(2, ctx=val_it.context), 0  # top-1, top-5
     for batch in val_it:
         valid = batch.data[0].shape[0] - batch.pad
+        if valid == 0:  # a rank whose shard is shorter than the padded one can get a batch of repeats only
+            continue
         out = net(batch.data[0])
         top5 = mx.nd.topk(out, k=min(5, out.shape[1])).astype("float32")[:valid]
         label = batch.label[0][:valid].reshape((-1, 1))

@@ -215,6 +215,20 @@ def test_a_batch_outlives_later_batches(small_rec):
     np.testing.assert_array_equal(first.asnumpy(), kept)
 
 
+def test_a_batch_is_let_go_only_after_the_engine_is_done_with_it(small_rec, monkeypatch):
+    """A batch shares DALI's buffer, which MXNet gives back as soon as the array is dropped (the GPU may still be
+    reading it under NGC's async engine): the iterator keeps the last batches and waits on the oldest before
+    letting it go."""
+    waited = []
+    real_wait = data.wait_for_readers
+    monkeypatch.setattr(data, "wait_for_readers", lambda array: (waited.append(array), real_wait(array))[1])
+    train, _ = data.make_iters(settings_for(small_rec, dali_prefetch_queue=1), 0, 1, 1, mx.cpu())
+    keep = 1 + data.KEEP_BEYOND_PREFETCH
+    produced = [next(train).data[0] for _ in range(keep + 2)]
+    assert list(train.in_use) == produced[-keep:]  # the same arrays, still referenced
+    assert waited == produced[:2]  # each released one was waited for, oldest first
+
+
 def test_train_epoch_accounting_is_the_same_on_every_rank(small_rec):
     s = settings_for(small_rec)
     trains = [data.make_iters(s, rank, 2, rank, mx.cpu())[0] for rank in (0, 1)]

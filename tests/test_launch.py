@@ -4,6 +4,7 @@ A bad setting must stop every entry point with one line naming the variable; eve
 validate (GPU configs too: validation needs no GPU); the shell passes shellcheck; and two bare-metal trials of
 config/CPU.sh, shrunk to a few images, leave two logs that the timing tool reads.
 """
+import ast
 import contextlib
 import glob
 import json
@@ -12,6 +13,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import psutil
@@ -456,3 +458,67 @@ def test_no_undefined_names_or_unused_imports(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     (tmp_path / "undefined.py").write_text("def f():\n    return InputError\n")
     assert subprocess.run([*check, str(tmp_path / "undefined.py")], capture_output=True).returncode != 0
+
+
+# The NGC MXNet image's own packages, which the Dockerfile keeps (pip --no-deps); and the distribution of each other
+# package rn50_mx imports.
+IMAGE_PROVIDES = {"mxnet", "numpy", "horovod"}
+DISTRIBUTIONS = {"PIL": "pillow", "nvidia": "nvidia-dali-cuda110", "mlperf_logging": "mlperf-logging",
+                 "scipy": "scipy", "tqdm": "tqdm"}
+OPTIONAL = {"matplotlib"}  # imported inside `timing --plot` only, which says so when it is missing
+
+
+def third_party_imports():
+    """The top-level names of the packages rn50_mx imports (absolute imports, not the standard library's)."""
+    names = set()
+    for path in glob.glob(os.path.join(ROOT, "rn50_mx", "**", "*.py"), recursive=True):
+        with open(path) as f:
+            for node in ast.walk(ast.parse(f.read())):
+                if isinstance(node, ast.Import):
+                    names |= {alias.name.split(".")[0] for alias in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                    names.add(node.module.split(".")[0])
+    return names - set(sys.stdlib_module_names) - {"rn50_mx"}
+
+
+def test_the_image_installs_every_package_the_code_imports():
+    """The image's pip line installs, at a pin for its Python 3.8, each package rn50_mx imports that the NGC image
+    does not have (the build check then imports every module: test_the_image_build_check_fails_on_this_cpu_stack)."""
+    from packaging.requirements import Requirement
+
+    assert third_party_imports() == IMAGE_PROVIDES | set(DISTRIBUTIONS) | OPTIONAL, "a new import: where from?"
+    with open(os.path.join(ROOT, "Dockerfile")) as f:
+        installed = re.search(r'grep -iE "\^\(([^)]+)\)=="', f.read()).group(1).lower().split("|")
+    assert set(DISTRIBUTIONS.values()) <= set(installed)
+    with open(os.path.join(ROOT, "constraints.txt")) as f:
+        pins = [Requirement(line) for line in f.read().splitlines() if line and not line.startswith("#")]
+    for name in installed:
+        for_38 = [p for p in pins if p.name.lower() == name and (p.marker is None or p.marker.evaluate(
+            {"python_version": "3.8", "python_full_version": "3.8.10"}))]
+        assert len(for_38) == 1 and str(for_38[0].specifier).startswith("=="), name
+
+
+def test_the_build_check_fails_when_a_module_cannot_import():
+    """The image lacking a package that only training or the tools import (here Pillow, hidden) fails the build
+    check, naming the module."""
+    hide_pil = ("import runpy, sys; sys.modules['PIL'] = None; sys.argv[0] = 'selftest'; "
+                "runpy.run_module('rn50_mx.selftest', run_name='__main__')")
+    result = subprocess.run([shutil.which("python", path=ENV_PATH), "-c", hide_pil, "--stack-only"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    rows = {line.split()[0]: line for line in result.stdout.splitlines() if line.strip()}
+    assert result.returncode == 1 and " FAIL " in rows["rn50_mx"] and "rn50_mx.data" in rows["rn50_mx"]
+
+
+def test_every_module_the_docs_and_messages_name_exists():
+    """`python -m rn50_mx.X` in the README, the scripts and the package's own messages names a module that is
+    there (the self-test once pointed to a tuner that was not)."""
+    import importlib.util
+
+    paths = glob.glob(os.path.join(ROOT, "rn50_mx", "**", "*.py"), recursive=True) + glob.glob(
+        os.path.join(ROOT, "*.sh")) + glob.glob(os.path.join(ROOT, "*.md")) + [os.path.join(ROOT, "Makefile")]
+    named = set()
+    for path in paths:
+        with open(path) as f:
+            named |= set(re.findall(r"python -m (rn50_mx(?:\.\w+)*)", f.read()))
+    assert {"rn50_mx.train", "rn50_mx.prep_rec", "rn50_mx.selftest"} <= named
+    assert [name for name in sorted(named) if importlib.util.find_spec(name) is None] == []

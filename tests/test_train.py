@@ -11,9 +11,10 @@ import signal
 import subprocess
 import sys
 
+import mxnet as mx
 import pytest
 
-from rn50_mx import config, optim, prep_rec, timing, train
+from rn50_mx import config, data, dist, model, optim, prep_rec, timing, train
 from rn50_mx.config import Settings
 from conftest import CHECKER_ON_A_SHORT_RUN, assert_one_line_naming
 
@@ -65,6 +66,17 @@ def test_a_schedule_that_evaluates_nothing_is_refused():
         config.load([], {"NUMEPOCHS": "2", "EVAL_OFFSET": "2", "WARMUP_EPOCHS": "0"})
     assert train.eval_epochs(config.load(["--eval-last-epoch=1"], {"NUMEPOCHS": "2", "EVAL_OFFSET": "2",
                                                                     "WARMUP_EPOCHS": "0"})) == [1]
+
+
+def test_an_eval_batch_of_repeats_only_is_skipped(small_rec):
+    """21 val images on 2 ranks: rank 0 reads 10, padded to the longer shard's 11, in batches of 5, so its last
+    batch holds only repeats; the eval skips it (it crashed slicing an empty batch)."""
+    s = Settings(data_train=small_rec + ".rec", data_val=small_rec + ".rec", num_classes=3, image_shape="3,32,32",
+                 batch_size=5, dali_threads=1)
+    _, val = data.make_iters(s, 0, 2, 1, mx.cpu())
+    assert val.pads == [0, 0, 5]
+    net = model.build_model(s, mx.cpu())
+    assert train.accuracy(net, val, dist.Single())[2] == 10
 
 
 # --- real runs ----------------------------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """The stack the run stands on: MXNet, DALI and Horovod versions and build features, and the GPUs. With
 expect_gpu, what the GPU path needs becomes a check (the Dockerfile's build-time check)."""
+import importlib
 import inspect
+import pkgutil
 import shutil
 import subprocess
 import sys
@@ -29,6 +31,7 @@ def stack_rows(expect_gpu):
     need = (lambda ok: ok) if expect_gpu else (lambda ok: None)
     return [
         Row("python", None, sys.version.split()[0]),
+        Row("rn50_mx", *package_imports()),
         Row("mxnet", need(all(gpu_features.values())), f"{mx.__version__}; " + onoff(
             {**gpu_features, "MKLDNN": features.is_enabled("MKLDNN"),
              "fused BatchNorm": model.fused_batchnorm_available()})),
@@ -37,6 +40,20 @@ def stack_rows(expect_gpu):
         Row("horovod", need(hvd.get("NCCL", False)), hvd.pop("version", "not installed") + "; " + onoff(hvd)),
         Row("gpus", None, f"{len(gpus)}: " + ", ".join(" ".join(g) for g in gpus) if gpus else "none visible"),
     ]
+
+
+def package_imports():
+    """(ok, detail): every module of rn50_mx imports here. The image must have every package that training, the
+    data preparation and the tools import, not only the ones the other rows need."""
+    import rn50_mx
+
+    names = [m.name for m in pkgutil.walk_packages(rn50_mx.__path__, "rn50_mx.") if not m.name.endswith("__main__")]
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as err:  # an ImportError, or whatever a module fails with on this stack
+            return False, f"{name}: {type(err).__name__}: {err}"
+    return True, f"its {len(names)} modules import"
 
 
 def horovod_builds():
