@@ -2,6 +2,7 @@
 sort val into class folders, then `prep_rec pack`) and against `cat` of the archives (the floor).
 
     .venv/bin/python bench/prep_imagenet.py [--classes 50] [--per-class 40] [--val 2000] [--rounds 3]
+                                            [--read-mbps N]
 
 The archives are ImageNet-shaped (tests/imagenet_archives.py: a tar of class tars, a flat val tar in shuffled
 member order, the devkit, the odd files) and hold ImageNet-like JPEGs (500x375, ~110 KB, bench/prep_rec.py's
@@ -12,6 +13,10 @@ the clock after `import mxnet`: the ~2 s interpreter start says nothing about pa
 shell commands of DeepLearningExamples' and valprep.sh's recipe (tar -xf, then a mv per val image) followed by
 `prep_rec pack` of train and val; its extra disk is the extracted tree. Prints each round, the medians, and last
 the ratios.
+
+Dropped from this machine's page cache, the archives still come from its host's cache at memory speed, so `cat`
+is a memory copy here and every route is CPU-bound. --read-mbps N emulates a disk that reads N MB/s: each route
+runs in a blkio cgroup (v1) whose reads from the archives' device are throttled to that rate (root only).
 """
 import argparse
 import json
@@ -65,6 +70,19 @@ def valprep(val_class, path):
         f.writelines(f"mv {name} {wnid}/\n" for name, wnid in sorted(val_class.items()))
 
 
+def throttled(read_mbps, path):
+    """A command prefix that runs its command with reads from path's device limited to read_mbps (blkio cgroup),
+    or [] for no limit."""
+    if not read_mbps:
+        return []
+    group = "/sys/fs/cgroup/blkio/rn50-bench-prep"
+    os.makedirs(group, exist_ok=True)
+    device = os.stat(path).st_dev
+    with open(os.path.join(group, "blkio.throttle.read_bps_device"), "w") as f:
+        f.write(f"{os.major(device)}:{os.minor(device)} {int(read_mbps * 1e6)}")
+    return ["bash", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "throttled"]
+
+
 def timed(command, clock):
     """(wall seconds, seconds after the imports) of a python command under RUN_TIMED."""
     start = time.perf_counter()
@@ -85,16 +103,19 @@ def main():
     parser.add_argument("--val", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=8, help="ours: --workers (default: the command's 8)")
+    parser.add_argument("--read-mbps", type=float, default=0, help="emulate a disk reading this many MB/s")
     parser.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "rn50-mx-bench-imagenet"))
     args = parser.parse_args()
     val_class, images = make_archives(args.cache, args.classes, args.per_class, args.val)
     archives = [os.path.join(args.cache, name) for name in (ia.TRAIN_TAR, ia.VAL_TAR, ia.DEVKIT)]
     size = sum(map(os.path.getsize, archives))
     print(f"archives: {args.classes} classes, {images} images ({size / 1e6:.0f} MB, "
-          f"{size / images / 1e3:.0f} KB per image) in {args.cache}")
+          f"{size / images / 1e3:.0f} KB per image) in {args.cache}; reads "
+          + (f"throttled to {args.read_mbps:.0f} MB/s" if args.read_mbps else "not throttled"))
     work = tempfile.mkdtemp(prefix="bench-prep-imagenet-")
     clock = os.path.join(work, "seconds")
-    python = [sys.executable, "-c", RUN_TIMED, clock]
+    limit = throttled(args.read_mbps, args.cache)
+    python = [*limit, sys.executable, "-c", RUN_TIMED, clock]
     valprep(val_class, os.path.join(work, "valprep.sh"))
     times, extra = {"ours": [], "usual": [], "cat": []}, 0
 
@@ -108,7 +129,7 @@ def main():
         tree, out = os.path.join(work, "tree"), os.path.join(work, "usual")
         os.makedirs(tree)
         start = time.perf_counter()
-        subprocess.run(["bash", "-c", EXTRACT, "extract", tree, args.cache, os.path.join(work, "valprep.sh")],
+        subprocess.run([*limit, "bash", "-c", EXTRACT, "extract", tree, args.cache, os.path.join(work, "valprep.sh")],
                        check=True)
         extract = time.perf_counter() - start
         extra = disk_bytes(tree)
@@ -120,7 +141,7 @@ def main():
 
     def cat():
         start = time.perf_counter()
-        subprocess.run(["cat", *archives], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([*limit, "cat", *archives], check=True, stdout=subprocess.DEVNULL)
         return time.perf_counter() - start
 
     routes = {"ours": ours, "usual": usual, "cat": cat}
