@@ -60,7 +60,7 @@ def median(rates):
 def side_by_side(timers, rounds, on_round=None):
     """{name: [Rate of each round]} of timers = {name: () -> Rate}, over `rounds` rounds, every other round taking
     them in reverse order so that none is always first. on_round(r, rates) is called after each round r (from 1);
-    a true answer ends the rounds there."""
+    a true answer ends the rounds there, and a timer it removes from `timers` is not timed again."""
     rates = {name: [] for name in timers}
     for r in range(1, rounds + 1):
         for name in list(timers)[::1 if r % 2 else -1]:
