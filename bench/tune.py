@@ -11,7 +11,7 @@ For each, in the tuner's search space (rn50_mx/tune/space.py: DALI threads, Open
 the full grid, every point timed for ROUNDS windows, its best by images/s; then the tuner's search
 (rn50_mx/tune/search.py, no budget, target 0.98); and last, side by side in alternating rounds with synthetic
 batches, the settings of: the config as sourced ("defaults"), the rule of thumb "threads 3-5, prefetch 2" (3
-threads here), the grid's best, and the tuner's choice. Every window is rn50_mx/measure.py's (DRAIN untimed steps,
+threads here), the grid's best, and the tuner's choice (the same settings timed once). Every window is rn50_mx/measure.py's (DRAIN untimed steps,
 STEPS timed), in this process or, for another OMP_NUM_THREADS, in a worker process (rn50_mx/tune/hosts.py).
 
 Prints a line per grid point and per tuner candidate, then for each config real/synthetic of each contender and the
@@ -42,7 +42,7 @@ def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("--rounds", type=int, default=2, help="counted rounds per grid point and per comparison")
     parser.add_argument("--steps", type=int, default=2, help="timed steps per window")
-    parser.add_argument("--final-rounds", type=int, default=3, help="rounds of the last side-by-side comparison")
+    parser.add_argument("--final-rounds", type=int, default=5, help="rounds of the last side-by-side comparison")
     parser.add_argument("--batch", type=int, default=16, help="images per step (config/CPU.sh has 128)")
     parser.add_argument("--only", choices=("demo", "input-bound"), help="one configuration only")
     return parser.parse_args()
@@ -110,12 +110,17 @@ def ours(pool, s, args):
 
 
 def final(pool, s, contenders, args):
-    """{name: median Rate} of synthetic batches and each contender's knobs, side by side."""
+    """{name: median Rate} of synthetic batches and each contender's knobs, side by side; contenders with the same
+    knobs are timed once (the same settings: any difference between them would be noise)."""
+    from rn50_mx.tune import space
+
+    same = {name: space.describe(knobs) for name, knobs in contenders.items()}
     timers = {"synthetic": pool.timer(None, args.steps)}
-    timers.update((name, pool.timer(knobs, args.steps)) for name, knobs in contenders.items())
+    timers.update((same[name], pool.timer(knobs, args.steps)) for name, knobs in contenders.items())
     for timer in timers.values():
         timer()
-    return {name: measure.median(rates) for name, rates in measure.side_by_side(timers, args.final_rounds).items()}
+    rates = {key: measure.median(values) for key, values in measure.side_by_side(timers, args.final_rounds).items()}
+    return {"synthetic": rates["synthetic"], **{name: rates[key] for name, key in same.items()}}
 
 
 def bench(name, s, args):
