@@ -24,6 +24,29 @@ trial_settings() {
     mkdir -p "$LOGDIR"
 }
 
+# Sources $1's fragment config/<SYSTEM>_tuned.sh (`python -m rn50_mx.tune` writes it) when there is one, as if it
+# came right after the config: a variable exported after sourcing the config (its value is not the config's) keeps
+# that value, and a line says which values the fragment gave.
+source_tuned() {
+    local config=$1 tuned=${1%.sh}_tuned.sh name line given=()
+    [[ -f "$tuned" ]] || return 0
+    local -A as_config=() as_tuned=()
+    # shellcheck disable=SC2016  # expanded by the inner bash
+    while IFS= read -r -d '' line; do as_config[${line%%=*}]=${line#*=}; done \
+        < <(env -i bash -c 'source "$1" && env -0' _ "$config")
+    # shellcheck disable=SC2016
+    while IFS= read -r -d '' line; do as_tuned[${line%%=*}]=${line#*=}; done \
+        < <(env -i bash -c 'source "$1" && source "$2" && env -0' _ "$config" "$tuned")
+    for name in "${!as_tuned[@]}"; do
+        if [[ "${as_tuned[$name]}" != "${as_config[$name]-}" && "${!name-}" == "${as_config[$name]-}" ]]; then
+            export "${name}=${as_tuned[$name]}"
+            given+=("${name}=${as_tuned[$name]}")
+        fi
+    done
+    [[ ${#given[@]} -gt 0 ]] || given=("nothing: every value it sets was exported after the config")
+    echo "${LAUNCHER}: sourced ${tuned}: ${given[*]}"
+}
+
 # Trial $1's seed: SEED+$1-1, or a random one unlike the earlier trials' (" $2 "): the seed checker refuses two
 # runs with the same seed.
 pick_seed() {

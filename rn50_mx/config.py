@@ -33,6 +33,8 @@ class Settings:
     data_train_idx: str = _opt("", "train .idx file (default: the .rec path with .idx)")
     data_val: str = _opt("", "val .rec file", env="DATA_VAL")
     data_val_idx: str = _opt("", "val .idx file (default: the .rec path with .idx)")
+    datadir: str = _opt("", "folder of train.rec/.idx and val.rec/.idx: the data files when --data-train or "
+                        "--data-val is not given", env="DATADIR")
     skip_bad_records: bool = _opt(False, "train: skip a record that does not decode, counting it, instead of "
                                   "stopping (val never skips: the score counts every val image)",
                                   env="RN50_SKIP_BAD_RECORDS")
@@ -56,7 +58,8 @@ class Settings:
     device: str = _opt("cpu", "where DALI and the model run", env="DEVICE", choices=("cpu", "gpu"))
     dali_threads: int = _opt(3, "DALI CPU threads per pipeline", env="DALI_THREADS", low=1)
     dali_prefetch_queue: int = _opt(2, "DALI prefetch queue depth", env="DALI_PREFETCH_QUEUE", low=1)
-    dali_hw_decoder_load: float = _opt(0.0, "share of val JPEGs sent to the A100 HW decoder",
+    dali_hw_decoder_load: float = _opt(0.0, "share of the JPEGs (train and val) that the mixed decoder sends to the "
+                                       "A100/H100 hardware JPEG decoder (GPU only; the CPU decoder ignores it)",
                                        env="DALI_HW_DECODER_LOAD", low=0.0, high=1.0)
     dali_nvjpeg_memory_padding: int = _opt(64, "nvJPEG host/device memory padding, MiB",
                                            env="DALI_NVJPEG_MEMPADDING", low=0)
@@ -92,6 +95,8 @@ class Settings:
     input_layout: str = _opt("NCHW", "tensor layout (MXNet CPU convolutions need NCHW)", env="INPUT_LAYOUT",
                              choices=("NCHW", "NHWC"))
     bn_gamma_init0: bool = _opt(False, "zero-initialise the last BN gamma of each block", env="BN_GAMMA_INIT0")
+    omp_num_threads: int = _opt(0, "MXNet's OpenMP threads, read by MXNet when it loads: only the variable sets it "
+                                "(0 = unset: MXNet takes half the logical CPUs)", env="OMP_NUM_THREADS", low=0)
     fused_bn: bool = _opt(True, "run BN->ReLU and BN->add->ReLU as one kernel each where MXNet has those kernels "
                           "(NGC builds, NHWC); 0 = separate kernels everywhere", env="RN50_FUSED_BN")
     batchnorm_eps: float = _opt(1e-5, "BatchNorm epsilon", low=0.0)
@@ -255,6 +260,9 @@ def validate(s, origins=None):
                             f"{src('num_epochs')}={s.num_epochs}")
     if s.input_layout == "NHWC" and s.device == "cpu":
         raise SettingsError(f"{src('input_layout')}=NHWC: MXNet's CPU convolutions need NCHW; NHWC is the GPU layout")
+    if origins.get("omp_num_threads") == "flag":
+        raise SettingsError("--omp-num-threads: MXNet reads OMP_NUM_THREADS when it loads, before any flag is "
+                            "parsed: set the variable instead")
     if (s.dgxngpu > 1 or s.dgxnnodes > 1) and s.kv_store != "horovod":
         raise SettingsError(f"{src('kv_store')}={s.kv_store}: {s.dgxnnodes} node(s) x {s.dgxngpu} processes "
                             "need horovod")
@@ -315,6 +323,9 @@ def resolve(argv=None, environ=None, prog="rn50_mx.train"):
         if text is not None:
             values[name] = _convert(FIELDS[name], text, flag_name(name))
             origins[name] = "flag"
+    for name, file in (("data_train", "train.rec"), ("data_val", "val.rec")):
+        if values.get("datadir") and not values.get(name):
+            values[name], origins[name] = os.path.join(values["datadir"], file), "DATADIR"
     settings = Settings(**values)
     validate(settings, origins)
     return settings, origins
@@ -326,7 +337,7 @@ def load(argv=None, environ=None, prog="rn50_mx.train"):
 
 
 # Paths on the launching machine: a container sees its data and logs elsewhere (its launcher passes those).
-HOST_PATH_ENV = ("DATA_TRAIN", "DATA_VAL", "MLLOG_FILE")
+HOST_PATH_ENV = ("DATA_TRAIN", "DATA_VAL", "DATADIR", "MLLOG_FILE")
 
 
 def env_names():
@@ -334,6 +345,22 @@ def env_names():
     launcher hands on to a container, host paths excepted."""
     names = [f.metadata["env"] for f in FIELDS.values() if f.metadata["env"] not in (None, *HOST_PATH_ENV)]
     return names + list(REFERENCE_ONLY_ENV) + [prefix + "*" for prefix in OWNED_ENV_PREFIXES]
+
+
+def as_flags(s):
+    """Flags that give every field of `s` (flags beat the environment), for a process that must resolve the same
+    settings; OMP_NUM_THREADS is not among them (only the variable sets it)."""
+    flags = []
+    for f in FIELDS.values():
+        value = getattr(s, f.name)
+        if value is not None and f.name != "omp_num_threads":
+            flags += [flag_name(f.name), str(int(value) if isinstance(value, bool) else value)]
+    return flags
+
+
+def environ_with(**changes):
+    """This process's environment with `changes`: what a child process that must see other values gets."""
+    return {**os.environ, **changes}
 
 
 def help_text(prog="rn50_mx.train"):

@@ -5,6 +5,7 @@ self-test share.
     step = measure.train_step(s, ctx)     # the parts it is made of, for other contenders:
     batches = measure.sources(s, ctx)     # {"synthetic": endless batches, "real": endless batches}
     measure.compare({"name": (step, batches["real"]), ...}, s.batch_size, rounds=5, steps=5)
+    measure.side_by_side({"name": lambda: Rate, ...}, rounds=3)   # contenders timed elsewhere (the tuner's)
 
 A measurement runs DRAIN untimed steps, each waited for, then STEPS timed ones. The untimed steps absorb a
 hybridized graph's first build and the batches DALI prefetched while something else was being timed (a head start
@@ -56,20 +57,29 @@ def median(rates):
     return Rate(*(statistics.median(column) for column in zip(*rates)))
 
 
+def side_by_side(timers, rounds, on_round=None):
+    """{name: [Rate of each round]} of timers = {name: () -> Rate}, over `rounds` rounds, every other round taking
+    them in reverse order so that none is always first. on_round(r, rates) is called after each round r (from 1);
+    a true answer ends the rounds there, and a timer it removes from `timers` is not timed again."""
+    rates = {name: [] for name in timers}
+    for r in range(1, rounds + 1):
+        for name in list(timers)[::1 if r % 2 else -1]:
+            rates[name].append(timers[name]())
+        if on_round and on_round(r, rates):
+            break
+    return rates
+
+
 def compare(runs, batch_size, rounds, steps, drain=DRAIN, on_round=None):
     """{name: median Rate} of runs = {name: (step, endless batches)}, timed side by side over `rounds` rounds.
 
-    A first round is not counted, and every other round takes the contenders in reverse order, so that none is
-    always first. on_round(r, {name: [Rate of each counted round]}) is called after each counted round r."""
-    rates = {name: [] for name in runs}
-    for r in range(rounds + 1):
-        for name in list(runs)[::1 if r % 2 else -1]:
-            result = rate(*runs[name], batch_size, steps, drain)
-            if r > 0:
-                rates[name].append(result)
-        if on_round and r > 0:
-            on_round(r, rates)
-    return {name: median(values) for name, values in rates.items()}
+    A first round, in reverse order, is not counted. on_round(r, {name: [Rate of each counted round]}) is called
+    after each counted round r."""
+    timers = {name: functools.partial(rate, step, batches, batch_size, steps, drain)
+              for name, (step, batches) in runs.items()}
+    for name in list(timers)[::-1]:
+        timers[name]()
+    return {name: median(values) for name, values in side_by_side(timers, rounds, on_round).items()}
 
 
 def train_step(s, ctx, hybridize=True):

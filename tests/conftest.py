@@ -12,6 +12,8 @@ from rn50_mx import prep_rec
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The python of this test run, and its horovodrun, come first on PATH: the scripts call `python`.
 ENV_PATH = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
+# A PYTHONPATH the tests run with (a worktree's checkout instead of the installed one) reaches the scripts too.
+PYTHONPATH = {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}
 
 
 # What the compliance checker says of a short run's log whose structure is right: only the target is missing.
@@ -51,7 +53,7 @@ def small_rec(jpeg_tree, tmp_path_factory):
 
 def bash(script, env=None, cwd=ROOT, timeout=120):
     """Run `script` with bash -c in a clean environment (plus `env`); returns the CompletedProcess."""
-    full_env = {"PATH": ENV_PATH, "HOME": os.environ.get("HOME", "/tmp"), **(env or {})}
+    full_env = {"PATH": ENV_PATH, "HOME": os.environ.get("HOME", "/tmp"), **PYTHONPATH, **(env or {})}
     return subprocess.run(["bash", "-c", script], env=full_env, cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)
 

@@ -1,0 +1,3 @@
+from . import main_cli
+
+main_cli()
