@@ -18,9 +18,9 @@ Prints a line per grid point and per tuner candidate, then for each config real/
 minutes each search took; the last line: the tuner's real/synthetic over the grid best's and its time over the
 grid's, per config, and the tuner's real images/s over the defaults' on the input-bound config.
 
-Measured once here (12 min, 2 cores): demo, ours/grid best real/synthetic 0.966 in 0.04 of its time (the start
-measured 1.19 against the ceiling, so the tuner stopped at once: the 2% bar missed); input-bound, 1.056 in 0.27 of
-its time, and 1.26x the defaults' real images/s (README "Tuning the input pipeline").
+Measured here (12 min, 2 cores, the machine to itself): demo, ours/grid best real/synthetic 1.001 in 0.07 of its
+time; input-bound, 1.125 in 0.30 of its time, and 1.65x the defaults' real images/s (README "Tuning the input
+pipeline").
 """
 import argparse
 import os

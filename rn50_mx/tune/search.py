@@ -49,10 +49,12 @@ class Search:
         return measure.median(rates["real"]), self.ratio, time.perf_counter() - tic
 
     def reached(self):
-        """Whether the incumbent reaches the target. Its real/synthetic is a product of gains, each with its own
-        noise: one that seems to reach the target is timed against the ceiling again before the search stops."""
-        if self.ratio < self.target or len(self.rows) == 1:
-            return self.ratio >= self.target
+        """Whether the incumbent reaches the target. Its real/synthetic is one noisy measurement, or a product of
+        gains each with its own noise: one that seems to reach the target is timed against the ceiling again
+        before the search stops (the first measurement of the demo config once gave 1.19, and stopped a search
+        whose settings were 0.966 of the best)."""
+        if self.ratio < self.target:
+            return False
         rate, ratio, seconds = self.against_ceiling()
         self.record(self.incumbent, rate, ratio, CHECKED, seconds)
         return ratio >= self.target
