@@ -32,6 +32,7 @@ from PIL import Image, UnidentifiedImageError
 
 from . import prep_rec
 from .errors import InputError
+from .files import write_atomically
 
 MEAN = tuple(255 * m for m in (0.485, 0.456, 0.406))
 STD = tuple(255 * s for s in (0.229, 0.224, 0.225))
@@ -155,12 +156,8 @@ def check_labels(labels, sources, num_classes, rec, idx):
 
 def index_without(idx, keys, dest):
     """dest: a copy of the .idx without the records `keys` (written under a temporary name, then renamed)."""
-    try:
-        with open(dest + ".tmp", "w") as f:
-            f.writelines(f"{key}\t{offset}\n" for key, offset in prep_rec.read_idx(idx)[0] if key not in keys)
-        os.replace(dest + ".tmp", dest)
-    except OSError as err:
-        raise InputError(f"{dest}: cannot write the shortened index ({err.strerror})") from None
+    lines = (f"{key}\t{offset}\n" for key, offset in prep_rec.read_idx(idx)[0] if key not in keys)
+    write_atomically(dest, "".join(lines), "the shortened index")
     return dest
 
 

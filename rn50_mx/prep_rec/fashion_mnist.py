@@ -10,6 +10,7 @@ import numpy as np
 from PIL import Image
 
 from ..errors import InputError
+from ..files import write_atomically
 from .folders import pack_train_val
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
@@ -92,10 +93,3 @@ def is_complete(stamp, request):
             os.path.getsize(os.path.join(out_dir, name)) == size for name, size in done["files"].items())
     except (OSError, ValueError, KeyError, TypeError):
         return False
-
-
-def write_atomically(path, text):
-    """Write under a temporary name, then rename: a reader sees the old file or the whole new one."""
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)

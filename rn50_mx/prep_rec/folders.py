@@ -9,6 +9,7 @@ import os
 import random
 
 from ..errors import InputError
+from ..files import read_bytes
 from .images import IMAGE_EXTS, checked
 from .records import Item, read_lst, write_records
 
@@ -25,12 +26,16 @@ def list_classes(src_dir):
     return names
 
 
-def image_files(folder):
-    """The entries named like images directly inside `folder`, sorted by name, as os.DirEntry. Anything but a
+def image_entries(folder):
+    """The entries named like images directly inside `folder`, as os.DirEntry, in directory order. Anything but a
     folder counts: a broken link or a file that cannot be read is then named when it is read, not left out."""
-    return sorted((entry for entry in os.scandir(folder)
-                   if os.path.splitext(entry.name)[1].lower() in IMAGE_EXTS and not entry.is_dir()),
-                  key=lambda entry: entry.name)
+    return (entry for entry in os.scandir(folder)
+            if os.path.splitext(entry.name)[1].lower() in IMAGE_EXTS and not entry.is_dir())
+
+
+def image_files(folder):
+    """image_entries(folder) sorted by name."""
+    return sorted(image_entries(folder), key=lambda entry: entry.name)
 
 
 def size_of(entry):
@@ -72,12 +77,7 @@ def shuffled(items, seed=IM2REC_SEED):
 def read_file(root, item):
     """The bytes of one listed image, checked to start like an image."""
     path = os.path.join(root, item.path)
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as err:
-        raise InputError(f"{path}: cannot read ({err.strerror})") from None
-    return checked(data, path)
+    return checked(read_bytes(path), path)
 
 
 def pack(src_dir, out_prefix, *, shuffle=True, seed=IM2REC_SEED, workers=1, list_file=None, classes=None,

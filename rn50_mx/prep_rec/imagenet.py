@@ -11,9 +11,11 @@ import dataclasses
 import hashlib
 import os
 import threading
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import InputError
+from ..files import read_bytes
 from . import layouts, tars
 from .folders import IM2REC_SEED, shuffled
 from .images import as_rgb_jpeg, checked, odd_kind
@@ -26,9 +28,7 @@ MD5 = {layouts.TRAIN_TAR: "1d675b47d978889d74fa0da5fadfb00e", layouts.VAL_TAR: "
 
 def check(found, src, expected_classes):
     """The counts and classes agree with the devkit (or `expected_classes`), before anything is written."""
-    counts = {}
-    for entry in found.train:
-        counts[entry.wnid] = counts.get(entry.wnid, 0) + 1
+    counts = Counter(entry.wnid for entry in found.train)
     classes = found.classes or expected_classes
     if len(counts) != classes:
         raise InputError(f"{src}: train has {len(counts)} classes, expected {classes}"
@@ -37,8 +37,8 @@ def check(found, src, expected_classes):
         for wnid in sorted(set(found.where) | set(counts)):
             if wnid not in found.train_counts:
                 raise InputError(f"{found.where[wnid]}: unknown WNID {wnid} (not a class of meta.mat)")
-            if counts.get(wnid, 0) != found.train_counts[wnid]:
-                raise InputError(f"{found.where[wnid]}: {counts.get(wnid, 0)} images, but meta.mat says "
+            if counts[wnid] != found.train_counts[wnid]:
+                raise InputError(f"{found.where[wnid]}: {counts[wnid]} images, but meta.mat says "
                                  f"{found.train_counts[wnid]}")
     for entry in found.val:
         if entry.wnid not in counts:
@@ -82,7 +82,7 @@ class Reader:
     def __call__(self, item):
         entry = self.entries[item.index]
         if entry.offset is None:
-            data = layouts.read_bytes(entry.path)
+            data = read_bytes(entry.path)
         else:
             data = tars.read_member(self.fds[entry.path], entry, self.name(entry))
         data = checked(data, self.name(entry))

@@ -25,8 +25,9 @@ from typing import Optional
 import scipy.io
 
 from ..errors import InputError
+from ..files import read_bytes
 from . import tars
-from .folders import image_files, list_classes, size_of
+from .folders import image_entries, image_files, list_classes, size_of
 from .records import progress_bar
 
 TRAIN_TAR, VAL_TAR, DEVKIT = "ILSVRC2012_img_train.tar", "ILSVRC2012_img_val.tar", "ILSVRC2012_devkit_t12.tar.gz"
@@ -55,7 +56,7 @@ class Found:
 # --- finding the layout ---------------------------------------------------------------------------------
 
 def has_images(folder):
-    return os.path.isdir(folder) and any(image_files(folder))
+    return os.path.isdir(folder) and any(image_entries(folder))
 
 
 def has_folders(folder):
@@ -130,14 +131,6 @@ def devkit(path):
     return ids, counts, truth, truth_name
 
 
-def read_bytes(path):
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as err:
-        raise InputError(f"{path}: cannot read ({err.strerror})") from None
-
-
 def label_by_truth(names, ids, truth, truth_name, val_name):
     """{val file name: WNID}: the sorted names paired with the ground truth's lines."""
     if len(names) != len(truth):
@@ -182,10 +175,10 @@ def folder_entries(root):
     return entries, where
 
 
-def flat_entries(folder, labels, label_source):
-    """Entries of a flat val folder, each labelled by labels[file name]."""
+def flat_entries(folder, files, labels, label_source):
+    """Entries of the image files of a flat val folder, each labelled by labels[file name]."""
     entries = []
-    for f in image_files(folder):
+    for f in files:
         if f.name not in labels:
             raise InputError(f"{f.path}: not listed in {label_source}")
         entries.append(Entry(labels[f.name], f.name, f.path, None, size_of(f)))
@@ -228,7 +221,8 @@ def read_archives(src, workers, progress):
 def read_kaggle(src, workers, progress):
     root = os.path.join(src, KAGGLE)
     train, where = folder_entries(os.path.join(root, "train"))
-    val = flat_entries(os.path.join(root, "val"), label_by_kaggle_csv(os.path.join(src, KAGGLE_VAL)),
+    val_dir = os.path.join(root, "val")
+    val = flat_entries(val_dir, image_files(val_dir), label_by_kaggle_csv(os.path.join(src, KAGGLE_VAL)),
                        os.path.join(src, KAGGLE_VAL))
     return Found(f"{src}: Kaggle's layout ({KAGGLE}/train/<WNID>/, flat {KAGGLE}/val/, {KAGGLE_VAL})",
                  train, val, kaggle_classes(src), None, where)
@@ -238,9 +232,10 @@ def read_extracted(src, workers, progress):
     kit = devkit_in(src)
     ids, counts, truth, truth_name = devkit(kit)
     train, where = folder_entries(os.path.join(src, "train"))
-    names = [f.name for f in image_files(os.path.join(src, "val"))]
-    val = flat_entries(os.path.join(src, "val"), label_by_truth(names, ids, truth, truth_name,
-                                                                os.path.join(src, "val")), truth_name)
+    val_dir = os.path.join(src, "val")
+    files = image_files(val_dir)
+    val = flat_entries(val_dir, files, label_by_truth([f.name for f in files], ids, truth, truth_name, val_dir),
+                       truth_name)
     return Found(f"{src}: extracted archives (train/<WNID>/, flat val/, {os.path.basename(kit)})",
                  train, val, len(ids), counts, where)
 

@@ -3,6 +3,7 @@ import math
 import os
 
 from ..errors import InputError
+from ..files import write_atomically
 from .choosing import EVAL_PERIOD
 from .rcps import IMAGENET_TRAIN
 from .rules import momentum_note
@@ -92,10 +93,4 @@ def write_config(path, text, force):
     """Write through a temporary name and rename; an existing config is kept unless forced."""
     if os.path.exists(path) and not force:
         raise InputError(f"{path}: exists; pass --force to replace it")
-    temporary = path + ".tmp"
-    try:
-        with open(temporary, "w") as out:
-            out.write(text)
-        os.replace(temporary, path)
-    except OSError as err:
-        raise InputError(f"{path}: cannot write ({err.strerror})") from None
+    write_atomically(path, text)

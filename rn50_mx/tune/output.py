@@ -2,6 +2,7 @@
 import datetime
 import os
 
+from ..files import write_atomically
 from . import space
 
 FRAGMENT_NOTE = """# Sourced after config/{system}.sh by run_with_docker.sh and run.sub (trials.sh's source_tuned), where a
@@ -57,6 +58,4 @@ def fragment(s, start, choice, ratios, stop):
 def write_fragment(path, text):
     """Write `text` to `path` under a temporary name, then rename: a reader never sees half a file."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
+    write_atomically(path, text)
