@@ -5,6 +5,7 @@ import os
 import shutil
 
 import mxnet as mx
+import pytest
 
 from conftest import ROOT, bash, sourced
 from rn50_mx import config
@@ -84,10 +85,12 @@ def test_search_moves_one_knob_at_a_time_and_keeps_antialiasing(small_rec):
     assert workers and all(omp != run.rows[0].knobs["omp_num_threads"] for omp in workers)
 
 
-def test_search_stops_on_the_budget(small_rec, tmp_path):
-    """With a budget spent by the ceiling, the tuner times no candidate and writes the settings it started from."""
+@pytest.mark.parametrize("target", ["0.98", "0"])
+def test_search_stops_on_the_budget(small_rec, tmp_path, target):
+    """With a budget spent by the ceiling, the tuner times no candidate and writes the settings it started from;
+    a start that reaches the target (always, at 0) is not timed again either: confirming it is over budget too."""
     result = sourced("CPU", f"python -m rn50_mx.tune --budget 0.001 --steps 1 --rounds 1 --out {tmp_path} "
-                     f"--data-train {small_rec}.rec", SMALL, timeout=300)
+                     f"--target {target} --data-train {small_rec}.rec", SMALL, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "stopped: budget spent" in result.stdout
     table = result.stdout.split("verdict\n", 1)[1].split("stopped:")[0].strip().splitlines()
