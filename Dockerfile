@@ -2,40 +2,48 @@
 # adds a newer DALI, the rn50_mx package, mlperf-logging and the launch scripts.
 #   docker build -t rn50-mx .    then    CONT=rn50-mx ./run_with_docker.sh   (README)
 #
-# Base: NGC MXNet 22.11-py3, the newest release whose notes we could read that lists MXNet (1.9.1), DALI (1.18.0)
-# and Horovod (0.24.2) together, with CUDA 11.8, NCCL 2.15.5 and Python 3.8. NGC published its last MXNet
-# containers in 2023 (public Dockerfiles use 23.03-py3 and 23.04-py3; we have not checked what those ship), and
-# DALI 1.39 is the last DALI with the MXNet plugin. The v1.0 submission used 21.04-py3 (MXNet 1.8, NCCL 2.9.6).
-# Another base: docker build --build-arg FROM_IMAGE_NAME=nvcr.io/nvidia/mxnet:<tag> .
-ARG FROM_IMAGE_NAME=nvcr.io/nvidia/mxnet:22.11-py3
+# Base: NGC MXNet 24.04-py3, the image of NVIDIA's MLPerf Training v4.0 ResNet-50 results on H100 and H200
+# (training_results_v4.0 NVIDIA/benchmarks/resnet/implementations/eos_ngc24.04_mxnet/Dockerfile). NVIDIA's release
+# notes for its neighbours 24.05 and 24.06 say: for Hopper (H100) and earlier GPUs (A100, V100, T4), compute
+# capability 6.0 and later; MXNet 1.9.1, Ubuntu 22.04 with Python 3.10, CUDA 12.4.1, cuDNN 9, NCCL 2.21.5,
+# Horovod 0.28, DALI 1.37.1; driver 545 or later (data-centre GPUs: R470, R525, R535 too). 24.05-py3 and 24.06-py3
+# take the same pins (the same Python): docker build --build-arg FROM_IMAGE_NAME=nvcr.io/nvidia/mxnet:24.06-py3 .
+# The 22.xx images (Python 3.8, CUDA 11) are for Ampere and older only, and no DALI >= 1.44 installs there from PyPI.
+ARG FROM_IMAGE_NAME=nvcr.io/nvidia/mxnet:24.04-py3
 FROM ${FROM_IMAGE_NAME}
+# The Python the pins in constraints.txt were resolved for (tests/test_image.py); the build stops on another one.
+ARG IMAGE_PYTHON=3.10
 
 WORKDIR /workspace/rn50
 COPY setup.py constraints.txt ./
 COPY rn50_mx/ rn50_mx/
-# --no-deps keeps the image's MXNet, Horovod and numpy (kept below 1.24, which MXNet 1.9.1 needs, when a dependency
-# asks for numpy). The packages added, rn50_mx's own dependencies and DALI, take their versions from constraints.txt,
-# the one pin file (its Python 3.8 lines where they differ; their dependencies resolve for 3.8). DALI is replaced:
-# rn50_mx hands DALI's batches to MXNet without a copy, which needs the dynamic executor (DALI >= 1.44; the image's
-# 1.18 recycles output buffers while MXNet may still read them) and reads GPU image shapes on the CPU. 1.48 is the
-# newest CUDA 11 build we expect to still install on Python 3.8 (not built here: NVIDIA's index is not reachable).
-RUN pip install --no-cache-dir --no-deps . \
- && grep -iE "^(mlperf-logging|tqdm|pillow|scipy|nvidia-dali-cuda110)==" constraints.txt > /tmp/image-pins.txt \
- && echo "numpy<1.24" > /tmp/image-cap.txt \
- && pip install --no-cache-dir --extra-index-url https://pypi.nvidia.com -c /tmp/image-cap.txt -r /tmp/image-pins.txt
+# --no-deps keeps the image's MXNet, Horovod and numpy (constraints.txt's 1.23.5 when a dependency asks for
+# numpy: MXNet 1.9.1 needs numpy < 1.24). The packages added, rn50_mx's own dependencies and DALI, and all they
+# pull in, take their versions from constraints.txt, the one pin file, and come from PyPI. DALI is replaced:
+# rn50_mx hands DALI's batches to MXNet without a copy, which needs the dynamic executor (DALI >= 1.44; the
+# image's 1.37 recycles output buffers while MXNet may still read them) and reads GPU image shapes on the CPU.
+# 2.4.0 is the CPU stack's DALI too.
+RUN python -c "import sys; v = '%d.%d' % sys.version_info[:2]; sys.exit(None if v == '${IMAGE_PYTHON}' else \
+      'this base has Python ' + v + ', the pins in constraints.txt are for ${IMAGE_PYTHON}: resolve them for it')" \
+ && pip install --no-cache-dir --no-deps . \
+ && grep -iE "^(mlperf-logging|tqdm|pillow|scipy|nvidia-dali-cuda120)==" constraints.txt > /tmp/image-pins.txt \
+ && pip install --no-cache-dir -c constraints.txt -r /tmp/image-pins.txt
 COPY run_and_time.sh ./
 COPY config/ config/
 
 # The build fails here when the stack cannot run the GPU path: MXNet without CUDA, cuDNN or NCCL, Horovod without
 # NCCL, DALI older than 1.44 or without the dynamic executor, a module of rn50_mx that does not import (a missing
-# package, or one that needs a newer Python than the image's). No GPU is needed: it reads versions and build features. The CUDA compat library
+# package, or one that needs a newer Python than the image's). No GPU is needed: it reads versions and build
+# features, and lists the GPU architectures libmxnet.so has kernels for (cuobjdump). The CUDA compat library
 # stands in for the driver that `docker build` does not have. CHECK_STACK=0 skips it (say why in an issue).
 ARG CHECK_STACK=1
 RUN if [ "$CHECK_STACK" = 1 ]; then \
-      LD_LIBRARY_PATH="/usr/local/cuda/compat/lib:${LD_LIBRARY_PATH:-}" python -m rn50_mx.selftest --stack-only --expect-gpu; \
+      LD_LIBRARY_PATH="/usr/local/cuda/compat/lib:${LD_LIBRARY_PATH:-}" \
+        python -m rn50_mx.selftest --stack-only --expect-gpu; \
     fi
 
-# The runtime settings of the reference's image (spec §4). Dropped: MXNET_USE_TENSORRT=0 (TensorRT inference only).
+# The runtime settings of the reference's image (the v1.0 submission's Dockerfile). Dropped: MXNET_USE_TENSORRT=0
+# (TensorRT inference only).
 # MXNET_CUDNN_AUTOTUNE_DEFAULT=1 (the reference: 0): cuDNN times its convolution algorithms on the first run of each
 # shape and keeps the fastest. Every shape of the run is seen before run_start: val batches are padded to the train
 # batch, and the warm-up runs two training steps and two eval forwards (train.warm_up). Autotuning therefore costs

@@ -441,12 +441,20 @@ def test_the_image_build_check_fails_on_a_stack_without_the_gpu_path():
 VERMIN = shutil.which("vermin", path=ENV_PATH)
 
 
-def test_the_package_runs_on_the_images_python_3_8(tmp_path):
-    """The NGC image runs Python 3.8: vermin finds nothing newer in rn50_mx, and does find a 3.9 method."""
-    check = [VERMIN, "-t=3.8-", "--violations", "--eval-annotations", "--no-tips", "--no-parse-comments"]
+def image_python():
+    """The Python of the image's base ("3.10"): the Dockerfile's IMAGE_PYTHON, which its build checks."""
+    with open(os.path.join(ROOT, "Dockerfile")) as f:
+        return re.search(r"^ARG IMAGE_PYTHON=(\d+\.\d+)$", f.read(), re.M).group(1)
+
+
+def test_the_package_runs_on_the_images_python(tmp_path):
+    """vermin finds nothing in rn50_mx newer than the image's Python, and does find a method one release newer."""
+    major, minor = image_python().split(".")
+    check = [VERMIN, f"-t={major}.{minor}-", "--violations", "--eval-annotations", "--no-tips", "--no-parse-comments"]
     result = subprocess.run([*check, "rn50_mx"], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
-    (tmp_path / "newer.py").write_text("print('rn50_x'.removeprefix('rn50_'))\n")
+    newer = {"3.10": "import datetime\nprint(datetime.UTC)\n"}  # new in 3.11
+    (tmp_path / "newer.py").write_text(newer[image_python()])
     assert subprocess.run([*check, str(tmp_path / "newer.py")], capture_output=True).returncode != 0
 
 
@@ -463,7 +471,7 @@ def test_no_undefined_names_or_unused_imports(tmp_path):
 # The NGC MXNet image's own packages, which the Dockerfile keeps (pip --no-deps); and the distribution of each other
 # package rn50_mx imports.
 IMAGE_PROVIDES = {"mxnet", "numpy", "horovod"}
-DISTRIBUTIONS = {"PIL": "pillow", "nvidia": "nvidia-dali-cuda110", "mlperf_logging": "mlperf-logging",
+DISTRIBUTIONS = {"PIL": "pillow", "nvidia": "nvidia-dali-cuda120", "mlperf_logging": "mlperf-logging",
                  "scipy": "scipy", "tqdm": "tqdm"}
 OPTIONAL = {"matplotlib"}  # imported inside `timing --plot` only, which says so when it is missing
 
@@ -481,21 +489,87 @@ def third_party_imports():
     return names - set(sys.stdlib_module_names) - {"rn50_mx"}
 
 
-def test_the_image_installs_every_package_the_code_imports():
-    """The image's pip line installs, at a pin for its Python 3.8, each package rn50_mx imports that the NGC image
-    does not have (the build check then imports every module: test_the_image_build_check_fails_on_this_cpu_stack)."""
+def constraints_for(python):
+    """constraints.txt's requirements whose markers hold on `python` ("3.10")."""
     from packaging.requirements import Requirement
 
-    assert third_party_imports() == IMAGE_PROVIDES | set(DISTRIBUTIONS) | OPTIONAL, "a new import: where from?"
-    with open(os.path.join(ROOT, "Dockerfile")) as f:
-        installed = re.search(r'grep -iE "\^\(([^)]+)\)=="', f.read()).group(1).lower().split("|")
-    assert set(DISTRIBUTIONS.values()) <= set(installed)
     with open(os.path.join(ROOT, "constraints.txt")) as f:
         pins = [Requirement(line) for line in f.read().splitlines() if line and not line.startswith("#")]
-    for name in installed:
-        for_38 = [p for p in pins if p.name.lower() == name and (p.marker is None or p.marker.evaluate(
-            {"python_version": "3.8", "python_full_version": "3.8.10"}))]
-        assert len(for_38) == 1 and str(for_38[0].specifier).startswith("=="), name
+    env = {"python_version": python, "python_full_version": python + ".0", "sys_platform": "linux",
+           "platform_machine": "x86_64", "implementation_name": "cpython", "platform_python_implementation": "CPython"}
+    return [p for p in pins if p.marker is None or p.marker.evaluate(env)]
+
+
+def image_pins():
+    """{name: requirement} of the pins the Dockerfile's pip line installs (its grep of constraints.txt), for the
+    image's Python."""
+    with open(os.path.join(ROOT, "Dockerfile")) as f:
+        names = re.search(r'grep -iE "\^\(([^)]+)\)=="', f.read()).group(1).lower().split("|")
+    pins = {p.name.lower(): p for p in constraints_for(image_python())}
+    return {name: pins.get(name) for name in names}
+
+
+def test_the_image_installs_every_package_the_code_imports():
+    """The image's pip line installs, at one exact pin for its Python, each package rn50_mx imports that the NGC
+    image does not have (the build check then imports every module: test_the_build_check_fails_when_a_module...)."""
+    assert third_party_imports() == IMAGE_PROVIDES | set(DISTRIBUTIONS) | OPTIONAL, "a new import: where from?"
+    pins = image_pins()
+    assert set(DISTRIBUTIONS.values()) <= set(pins)
+    for name, pin in pins.items():
+        assert pin is not None and str(pin.specifier).startswith("=="), name
+
+
+# Where CI's pip finds packages: PyPI, or the index pip is told to use (PIP_INDEX_URL); never a local folder or an
+# extra index (pip --isolated ignores pip.conf's find-links and extra-index-url).
+INDEX = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple")
+
+
+def resolve(requirements, constraints, python, tmp_path):
+    """(exit code, {name: (version, file name)}, stderr) of pip's resolver for the image: wheels only, for
+    CPython `python` on manylinux x86_64 up to glibc 2.35 (Ubuntu 22.04), on INDEX alone. --dry-run with --report
+    reads each wheel's metadata (PEP 658) without downloading it."""
+    major, minor = python.split(".")
+    platforms = [f"--platform=manylinux_2_{glibc}_x86_64" for glibc in range(5, 36)] + [
+        "--platform=manylinux2014_x86_64", "--platform=manylinux2010_x86_64", "--platform=manylinux1_x86_64"]
+    # pip evaluates markers for the Python it runs on, not --python-version: they go, already evaluated
+    (tmp_path / "constraints.txt").write_text("".join(f"{c.name}{c.specifier}\n" for c in constraints))
+    report = tmp_path / "report.json"
+    command = [shutil.which("python", path=ENV_PATH), "-m", "pip", "install", "--isolated", "--index-url", INDEX,
+               "--dry-run", "--ignore-installed", "--only-binary=:all:", "--implementation=cp",
+               f"--python-version={python}", f"--abi=cp{major}{minor}", *platforms, "--target", str(tmp_path / "t"),
+               "--report", str(report), "--quiet", "-c", str(tmp_path / "constraints.txt"),
+               *(f"{r.name}{r.specifier}" for r in requirements)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    if result.returncode != 0:
+        return result.returncode, {}, result.stderr
+    with open(report) as f:
+        installs = json.load(f)["install"]
+    return 0, {i["metadata"]["name"].lower(): (i["metadata"]["version"], i["download_info"]["url"].rsplit("/", 1)[-1])
+               for i in installs}, result.stderr
+
+
+def test_the_images_pins_resolve_to_wheels_on_pypi(tmp_path):
+    """What the Dockerfile's pip line installs (its pins and all they pull in, with constraints.txt) resolves on
+    the package index CI uses, as wheels for the image's Python, at the pinned versions; and every package it
+    pulls in is pinned too."""
+    python = image_python()
+    pins = image_pins()
+    constraints = constraints_for(python)
+    code, found, stderr = resolve(pins.values(), constraints, python, tmp_path)
+    assert code == 0, stderr
+    pinned = {c.name.lower(): str(c.specifier)[2:] for c in constraints}
+    assert {name: found[name][0] for name in pins} == {name: pinned[name] for name in pins}
+    assert all(wheel.endswith(".whl") for _, wheel in found.values())
+    assert {name: version for name, (version, _) in found.items() if pinned.get(name) != version} == {}
+
+
+def test_a_pin_that_only_nvidias_index_has_does_not_resolve(tmp_path):
+    """The old image's DALI (CUDA 11, NVIDIA's index) does not resolve on PyPI for the image's Python: the check
+    above would fail on it. The release before it on PyPI does."""
+    from packaging.requirements import Requirement
+
+    code, _, stderr = resolve([Requirement("nvidia-dali-cuda110==1.48.0")], [], image_python(), tmp_path)
+    assert code != 0 and "No matching distribution found for nvidia-dali-cuda110==1.48.0" in stderr
 
 
 def test_the_build_check_fails_when_a_module_cannot_import():

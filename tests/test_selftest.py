@@ -54,3 +54,47 @@ def test_missing_data_is_one_line_before_any_check(tmp_path):
     missing = str(tmp_path / "train.rec")
     result = sourced("CPU", f"python -m rn50_mx.selftest --data-train {missing} --data-val {missing}")
     assert_one_line_naming(result, missing)
+
+
+# --- kernels for this GPU: the decision from the device's answers (the real launch runs on a GPU) --------------
+WHEEL_ARCHS = ({"sm_50", "sm_60", "sm_70", "sm_80", "sm_86"}, set())  # mxnet-cu117 1.9.1's libmxnet.so: no PTX
+NO_KERNEL = "Check failed: e == cudaSuccess: no kernel image is available for execution on the device"
+
+
+def test_a_gpu_without_kernels_fails_in_one_line_naming_it_and_the_fix():
+    from rn50_mx.selftest import kernels
+
+    gpus = [kernels.Gpu(0, "NVIDIA A100-SXM4-80GB", (8, 0), None),
+            kernels.Gpu(1, "NVIDIA H100 80GB HBM3", (9, 0), NO_KERNEL)]
+    ok, detail = kernels.verdict(gpus, WHEEL_ARCHS)
+    assert ok is False and "\n" not in detail
+    assert detail.startswith("GPU 1 NVIDIA H100 80GB HBM3 (sm_90, Hopper): this MXNet cannot run a kernel on it")
+    assert "no kernel image" in detail and "sm_50, sm_60, sm_70, sm_80, sm_86, no PTX, which has no sm_90" in detail
+    assert "docker build -t rn50-mx ." in detail and "nvcr.io/nvidia/mxnet:24.04-py3" in detail
+    ok, detail = kernels.verdict(gpus[1:], None)  # no cuobjdump: the launch alone decides
+    assert ok is False and "libmxnet.so" not in detail and "sm_90, Hopper" in detail
+
+
+def test_gpus_that_ran_the_kernel_pass_with_their_architectures():
+    from rn50_mx.selftest import kernels
+
+    gpus = [kernels.Gpu(i, "NVIDIA H200", (9, 0), None) for i in range(2)]
+    ok, detail = kernels.verdict(gpus, ({"sm_80", "sm_90", "sm_100"}, {"sm_90"}))
+    assert ok and detail == ("a kernel ran on GPU 0 NVIDIA H200 (sm_90, Hopper), GPU 1 NVIDIA H200 (sm_90, Hopper); "
+                             "libmxnet.so: sm_80, sm_90, sm_100, PTX sm_90")
+    assert kernels.verdict([], ({"sm_80"}, set())) == (True, "no GPU visible; libmxnet.so: sm_80, no PTX")
+    assert kernels.verdict([], (set(), set()))[1] == "no GPU visible; libmxnet.so: no GPU code"
+    assert [kernels.family(c) for c in ((7, 0), (7, 5), (8, 6), (8, 9), (9, 0))] == \
+        ["Volta", "Turing", "Ampere", "Ada", "Hopper"]
+
+
+def test_a_failed_launch_is_mxnets_message_in_one_line():
+    """A real launch on GPU 0 with this CPU build of MXNet: its error, without the traceback preamble."""
+    import mxnet as mx
+
+    from rn50_mx.selftest import kernels
+
+    error = kernels.launch_error(mx, 0)
+    assert error == "Operator _ones is not implemented for GPU."
+    assert kernels.one_line("[18:35:30] ../src/imperative/./imperative_utils.h:93: GPU support is disabled.\n"
+                            "Stack trace:\n  [bt] (0) libmxnet.so") == "GPU support is disabled."

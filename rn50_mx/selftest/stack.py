@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from .. import bind
+from . import kernels
 from .report import Row
 
 MIN_DALI = (1, 44)  # the dynamic executor, which the zero-copy hand-over needs (data.to_ndarray)
@@ -39,7 +40,18 @@ def stack_rows(expect_gpu):
             f"{'yes' if dynamic else 'no (need DALI >= 1.44)'}"),
         Row("horovod", need(hvd.get("NCCL", False)), hvd.pop("version", "not installed") + "; " + onoff(hvd)),
         Row("gpus", None, f"{len(gpus)}: " + ", ".join(" ".join(g) for g in gpus) if gpus else "none visible"),
+        kernel_row(mx, gpu_features["CUDA"]),
     ]
+
+
+def kernel_row(mx, cuda):
+    """Whether this MXNet runs a kernel on each visible GPU (a failure whatever --expect-gpu says: a run there
+    would fail at its first operation); information only without a GPU or without CUDA."""
+    if not cuda:
+        return Row("kernels", None, "MXNet built without CUDA")
+    gpus, archs = kernels.device_answers(mx)
+    ok, detail = kernels.verdict(gpus, archs)
+    return Row("kernels", ok if gpus else None, detail)
 
 
 def package_imports():
