@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One timed training run on this node, printed as the reference prints it (spec §3.2):
+# One timed training run on this node, printed as the reference prints it (run_and_time.sh):
 #   STARTING TIMING RUN AT <date>  ...training...  ENDING TIMING RUN AT <date>
 #   RESULT,IMAGE_CLASSIFICATION,,<seconds>,<user>,<start date>
 # RESULT is wall time including initialisation, not the MLPerf score (run_start..run_stop in the log). A failed

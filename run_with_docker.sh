@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # NEXP timed runs on one node (MLPerf scores 5), each after a page-cache drop, each logged to
-# LOGDIR/<DATESTAMP>_<i>.log, then the timing summary of those logs (spec §3.1):
+# LOGDIR/<DATESTAMP>_<i>.log, then the timing summary of those logs (run_with_docker.sh):
 #   source config/NF5688M6.sh
 #   CONT=<image built from ./Dockerfile> DATADIR=/raid/imagenet-rec LOGDIR=$PWD/results ./run_with_docker.sh
 # With CONT set, each trial runs run_and_time.sh in a fresh container with all GPUs, the host's IPC and network,

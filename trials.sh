@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# The trial loop of run_with_docker.sh and run.sub, sourced by both (spec §3.1): NEXP timed runs of
+# The trial loop of run_with_docker.sh and run.sub, sourced by both (run_with_docker.sh): NEXP timed runs of
 # run_and_time.sh, each after a page-cache drop, with its own seed, logged to LOGDIR/<DATESTAMP>_<i>.log; then the
 # timing summary of those logs, and exit status 1 when a trial failed.
 #

@@ -1,6 +1,6 @@
 # shellcheck shell=bash source-path=SCRIPTDIR
-# The one-node recipe of spec §1 (1 node x 8 GPUs x 408 = 3264 images per step), shared by NF5688M6, NF5488A5
-# and DGXA100. Source a system file, not this.
+# The one-node recipe of config_NF5688M6.sh (1 node x 8 GPUs x 408 = 3264 images per step), shared by NF5688M6,
+# NF5488A5 and DGXA100. Source a system file, not this.
 source "$(dirname "${BASH_SOURCE[0]}")/A100x8_common.sh"
 
 export BATCHSIZE=408  # per GPU

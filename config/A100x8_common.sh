@@ -1,6 +1,7 @@
 # shellcheck shell=bash source-path=SCRIPTDIR
-# Shared by the A100 x 8 configs (NF5688M6, NF5488A5, DGXA100, DGXA100_multi_8x8x204): the GPU path, the fixed
-# part of the LARS recipe and the runtime knobs. Values are the reference's (spec §4). Source a system file, not this.
+# Shared by every GPU config (NF5688M6, NF5488A5, DGXA100, DGXA100_multi_8x8x204 and those `python -m rn50_mx.recipe`
+# writes, any GPU count): the GPU path, the fixed part of the LARS recipe and the runtime knobs. Values are the
+# reference's (config_NF5688M6.sh and config_NF5688M6_common.sh). Source a system file, not this.
 
 ## How rn50_mx runs on these machines (the reference passed these as fixed flags in run_and_time.sh)
 export DEVICE=gpu

@@ -1,5 +1,6 @@
 # shellcheck shell=bash source-path=SCRIPTDIR
-# Inspur NF5688M6: 8x A100-SXM4-80GB on NVSwitch, 2x Xeon Platinum 8358 (32 cores). The v1.0 submission (spec §1).
+# Inspur NF5688M6: 8x A100-SXM4-80GB on NVSwitch, 2x Xeon Platinum 8358 (32 cores). The v1.0 submission
+# (config_NF5688M6.sh).
 source "$(dirname "${BASH_SOURCE[0]}")/A100x8_1node_common.sh"
 
 export DALI_THREADS=5

@@ -3,7 +3,7 @@
 Precedence: a CLI flag beats the environment, which beats the default below. Flags keep the names of the
 reference's `train_imagenet.py` (`--batch-size`, `--lr`, `--dali-threads`, ...); environment variables keep the
 names its `config_<SYSTEM>.sh` files export (BATCHSIZE, LR, DALI_THREADS, ...). No other module reads
-`os.environ`. Defaults are the NF5688M6 recipe (spec §1) on the portable CPU path (fp32, NCHW).
+`os.environ`. Defaults are the NF5688M6 recipe (config_NF5688M6.sh) on the portable CPU path (fp32, NCHW).
 """
 import argparse
 import dataclasses
@@ -54,7 +54,7 @@ class Settings:
     synthetic: bool = _opt(False, "feed constant random batches instead of reading data (the I/O ceiling)",
                            env="SYNTHETIC")
 
-    # --- DALI (spec §4, §8) ----------------------------------------------------------------------
+    # --- DALI (config_NF5688M6*.sh and common/dali.py) ----------------------------------------------------------------
     device: str = _opt("cpu", "where DALI and the model run", env="DEVICE", choices=("cpu", "gpu"))
     dali_threads: int = _opt(3, "DALI CPU threads per pipeline", env="DALI_THREADS", low=1)
     dali_prefetch_queue: int = _opt(2, "DALI prefetch queue depth", env="DALI_PREFETCH_QUEUE", low=1)
@@ -102,7 +102,7 @@ class Settings:
     batchnorm_eps: float = _opt(1e-5, "BatchNorm epsilon", low=0.0)
     batchnorm_mom: float = _opt(0.9, "BatchNorm running-statistics momentum", low=0.0, high=1.0)
 
-    # --- optimizer and schedule (spec §10) ----------------------------------------------------------
+    # --- optimizer and schedule (common/fit.py) ----------------------------------------------------------
     optimizer: str = _opt("sgdwfastlars", "lars (alias sgdwfastlars) or sgd (momentum)", env="OPTIMIZER",
                           choices=("sgdwfastlars", "lars", "sgd"))
     batch_size: int = _opt(408, "images per process per step", env="BATCHSIZE", low=1)
@@ -123,7 +123,7 @@ class Settings:
                                            "at most 60)", env="MXNET_OPTIMIZER_AGGREGATION_SIZE", low=1, high=60)
     label_smoothing: float = _opt(0.1, "label smoothing of the loss", env="LABELSMOOTHING", low=0.0, high=0.999)
 
-    # --- evaluation and stop (spec §12) -------------------------------------------------------------
+    # --- evaluation and stop (mlperf_fit in common/fit.py) ------------------------------------------------------------
     eval_period: int = _opt(4, "evaluate every N epochs", env="EVAL_PERIOD", low=1)
     eval_offset: int = _opt(2, "first eval after epoch offset+1 (0-based offset)", env="EVAL_OFFSET", low=0)
     accuracy_threshold: float = _opt(0.759, "stop when top-1 reaches this", env="ACCURACY_THRESHOLD",
@@ -184,7 +184,7 @@ FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
 OWNED_ENV_PREFIXES = ("DALI_", "RN50_")
 SHARED_ENV_PREFIX = "DALI_"
 TYPO_SIMILARITY = 0.8  # difflib ratio: DALI_THREAD~DALI_THREADS 0.96, DALI_USE_VMM~DALI_DONT_USE_MMAP 0.73
-# Reference variables for features rn50_mx has one fixed form of (spec §3.2): the value that matches it is
+# Reference variables for features rn50_mx has one fixed form of (run_and_time.sh): the value that matches it is
 # accepted, any other is refused, so a reference setting is never ignored without a word.
 REFERENCE_ONLY_ENV = {
     "BN_GROUP": ("1",),  # BatchNorm statistics over each process's own batch; no cross-GPU BN groups
@@ -297,13 +297,26 @@ def refuse_unknown(name, by_env):
         raise SettingsError(f"{name}: unknown variable (known: {', '.join(ours)})")
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one SettingsError line (exit 2 through run_cli), for every tool's flags."""
+
     def error(self, message):
         raise SettingsError(message)
 
 
+DATA_FLAGS_HELP = """data and settings: --data-train DIR/train.rec --data-val DIR/val.rec (or DATADIR, the folder of
+both), and any other flag of python -m rn50_mx.train (see its --help) or variable of the sourced config/<SYSTEM>.sh"""
+
+
+def tool_parser(prog, doc):
+    """The parser of a tool that takes rn50_mx.train's flags too (parse_known_args hands them on): its description
+    is the first paragraph of `doc`, its epilog names the data flags; an error is one line."""
+    return Parser(prog=prog, description=" ".join(doc.split("\n\n")[0].split()), epilog=DATA_FLAGS_HELP,
+                  allow_abbrev=False)
+
+
 def _parser(prog):
-    parser = _Parser(prog=prog, description="MLPerf ResNet-50 training with MXNet Gluon, DALI and Horovod")
+    parser = Parser(prog=prog, description="MLPerf ResNet-50 training with MXNet Gluon, DALI and Horovod")
     for f in FIELDS.values():
         env = f.metadata["env"]
         help_text = f.metadata["help"] + (f" [env {env}]" if env else "") + f" (default {f.default})"
@@ -377,33 +390,33 @@ USAGE = """usage: python -m rn50_mx.config --check [rn50_mx.train flags]
        python -m rn50_mx.config --env-names"""
 
 
-def main(argv=None):
-    """`--check [FLAGS]`: validate the environment (and flags) as training would, check the data files the
-    settings name, and print the resolved settings; a bad value ends it with one line naming the variable or
-    file (exit 2). `--env-names`: the variables to hand on to a container, one per line."""
+def main(argv=None, check=None):
+    """`--env-names`: the variables to hand on to a container, one per line. `--check [FLAGS]` runs `check(FLAGS)`,
+    which the tool above the settings composes (recipe.check.check_command: the settings, the data files and the
+    RCP verdict), so that this module depends on nothing above it."""
     argv = sys.argv[1:] if argv is None else argv
     if argv == ["--env-names"]:
         print("\n".join(env_names()))
         return 0
-    if argv[:1] != ["--check"]:
+    if argv[:1] != ["--check"] or check is None:
         print(USAGE, file=sys.stderr)
         return 2
-    settings, origins = resolve(argv[1:], prog="rn50_mx.config")
-    check_data_files(settings)
-    print(describe(settings, origins))
-    from . import recipe  # loads the RCP checker (SciPy): only for --check
-    print(recipe.verdict(settings))
-    return 0
+    return check(argv[1:])
 
 
 def check_data_files(settings):
-    """The .rec/.idx pairs the settings name must be there and readable, as training will find out."""
-    splits = [train for train, path in ((True, settings.data_train), (False, settings.data_val)) if path]
-    if splits:
-        from . import data  # loads MXNet and DALI: only when there are files to check
-        for train in splits:
-            data.rec_and_idx(settings, train)
+    """The .rec/.idx pairs the settings name must be there and readable, as training will find out. Returns what
+    was checked in words ("not checked: ..." when the settings name no data)."""
+    splits = [(train, path) for train, path in ((True, settings.data_train), (False, settings.data_val)) if path]
+    if not splits:
+        return "not checked: no --data-train/--data-val (DATA_TRAIN/DATA_VAL) or DATADIR given"
+    from . import data  # loads MXNet and DALI: only when there are files to check
+    for train, _ in splits:
+        data.rec_and_idx(settings, train)
+    return "found " + ", ".join(f"{path} and its .idx" for _, path in splits)
 
 
 if __name__ == "__main__":
-    run_cli(main, "rn50_mx.config")
+    from rn50_mx.recipe.check import check_command  # --check's composition lives with the tool above the settings
+
+    run_cli(lambda: main(check=check_command), "rn50_mx.config")

@@ -1,4 +1,4 @@
-"""Input pipelines (spec §8): DALI reads the .rec, decodes and augments; our DataIter hands the batches to MXNet.
+"""Input pipelines (common/dali.py): DALI reads the .rec, decodes and augments; our DataIter hands the batches to MXNet.
 
     train: readers.mxnet (sharded, shuffled) -> decoders.image_random_crop -> resize to H,W (antialiased, or
            plain bilinear by a scaling warp) -> crop_mirror_normalize (coin-flip mirror, ImageNet mean/std,
@@ -8,7 +8,8 @@
 
 One graph serves both devices: `device=cpu` runs every operator on the CPU with no GPU (device_id=None), as CI
 and the demo do; `device=gpu` moves decoding to nvJPEG ("mixed") and the rest onto the process's GPU. The
-nvJPEG and buffer knobs of spec §4 are always passed; DALI applies them on the GPU only.
+nvJPEG and buffer knobs of config_NF5688M6.sh and config_NF5688M6_common.sh are always passed; DALI applies them on
+the GPU only.
 
 DALI 2.x has no MXNet plugin, so the iterator is ours. DALI's prefetch queue prepares the next batches while
 the model computes; the outputs reach MXNet through DLPack without a copy.
@@ -161,7 +162,7 @@ def index_without(idx, keys, dest):
     return dest
 
 
-# --- epoch accounting (spec §8.3) -------------------------------------------------------------------------
+# --- epoch accounting (common/dali.py, get_rec_iter) ------------------------------------------------------------------
 
 def train_samples(settings):
     """Images per train epoch: --num-examples, or every record of the train .rec."""
@@ -221,7 +222,7 @@ def graph(s, rec, idx, train, shard, world, gpu):
     gpu: decode with nvJPEG ("mixed"), which leaves the images on the GPU for resize and normalize.
     """
     c, h, w = s.image_chw
-    cache = train and s.dali_cache_size > 0  # spec §8.1: the cache sits on the plain decoder, readers skip hits
+    cache = train and s.dali_cache_size > 0  # common/dali.py: the cache sits on the plain decoder, readers skip hits
     crop_area = dict(random_area=[s.min_random_area, s.max_random_area],
                      random_aspect_ratio=[s.min_random_aspect_ratio, s.max_random_aspect_ratio],
                      num_attempts=s.dali_num_attempts)
@@ -255,7 +256,7 @@ def graph(s, rec, idx, train, shard, world, gpu):
 
 def sticks_to_shard(s, train):
     """Whether a reader keeps its first shard; otherwise it takes the next one every epoch (the reference's train
-    reader). Val always keeps it; so does a reader whose decoder caches images (spec §8.1)."""
+    reader). Val always keeps it; so does a reader whose decoder caches images (common/dali.py)."""
     return not train or s.dali_cache_size > 0 or s.dali_stick_to_shard
 
 

@@ -1,12 +1,13 @@
 """Processes and collectives: one small facade over Horovod, with a one-process fallback.
 
-Nothing else in the package imports Horovod. One process per device: on GPUs each rank uses GPU `local_rank`
-and Horovod reduces with NCCL; on CPUs with Gloo, as Horovod was built. Horovod and NCCL knobs (HOROVOD_*,
+Nothing else in the package imports Horovod. One process per device: on GPUs each rank uses GPU `local_rank`, or
+the one GPU it sees, and Horovod reduces with NCCL; on CPUs with Gloo, as Horovod was built. Horovod and NCCL knobs
+(HOROVOD_*,
 NCCL_*) reach them through the environment untouched: the config files export them and the libraries read them.
 
-Gradients are *summed* across ranks and the optimizer scales them by 1/global batch (spec §10.1): Horovod's
-DistributedTrainer divides its scale by the world size and `trainer.step(batch_size)` divides by the per-rank
-batch. Initial parameters, BatchNorm running statistics included, are broadcast from rank 0.
+Gradients are *summed* across ranks and the optimizer scales them by 1/global batch (as the reference's
+optimizer does): Horovod's DistributedTrainer divides its scale by the world size and `trainer.step(batch_size)`
+divides by the per-rank batch. Initial parameters, BatchNorm running statistics included, are broadcast from rank 0.
 
 Failures (horovodrun --gloo, Horovod 0.28.1, measured; tests/test_dist.py checks the first and the last):
 - a rank dies (SIGKILL, crash, non-zero exit): its peers' Gloo connections reset, so their next collective
@@ -32,8 +33,20 @@ HOST = mx.cpu(0)  # small host-side arrays: seeds, counts and barriers, reduced 
 
 def context(settings, local_rank):
     """The one device of this process, where the model, every batch and every array of the step and the eval
-    live: GPU `local_rank` (one process per GPU), or the CPU. train.run makes it the default context as well."""
-    return mx.gpu(local_rank) if settings.device == "gpu" else mx.cpu()
+    live: its GPU (gpu_index), or the CPU. train.run makes it the default context as well."""
+    return mx.gpu(gpu_index(local_rank, mx.context.num_gpus())) if settings.device == "gpu" else mx.cpu()
+
+
+def gpu_index(local_rank, visible):
+    """The GPU of local rank `local_rank` among `visible` GPUs: the one there is when the process sees exactly one
+    (Slurm giving each task its own GPU through CUDA_VISIBLE_DEVICES), else GPU `local_rank` (one process per GPU
+    of the node)."""
+    if visible == 1:
+        return 0
+    if local_rank >= visible:
+        raise InputError(f"local rank {local_rank} needs GPU {local_rank}, but {visible} are visible "
+                         "(one process per GPU, or one GPU per process)")
+    return local_rank
 
 
 class Single:
@@ -99,7 +112,9 @@ def init(settings):
         d = Horovod(hvd, settings.horovod_num_groups)
     except ValueError as err:
         raise InputError(f"--kv-store horovod: {err}") from None
-    if settings.device == "gpu" and d.local_rank >= mx.context.num_gpus():
-        raise InputError(f"rank {d.rank}: local rank {d.local_rank} needs GPU {d.local_rank}, but "
-                         f"{mx.context.num_gpus()} are visible (one process per GPU)")
+    if settings.device == "gpu":
+        try:
+            gpu_index(d.local_rank, mx.context.num_gpus())
+        except InputError as err:
+            raise InputError(f"rank {d.rank}: {err}") from None
     return d

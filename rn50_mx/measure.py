@@ -113,9 +113,15 @@ def sources(s, ctx):
     return {"synthetic": batches(s.replace(synthetic=True), ctx, seed), "real": batches(s, ctx, seed)}
 
 
+def drain_for(s):
+    """Untimed steps before a timed window of `s`: more than its DALI prefetch depth, so that the timed real batches
+    are decoded while they are timed, not taken from a queue filled beforehand."""
+    return max(DRAIN, s.dali_prefetch_queue + 1)
+
+
 def synthetic_vs_real(s, ctx, rounds=5, steps=5):
     """{"synthetic": Rate, "real": Rate}: the config's training step (hybridized, as train.py) on constant batches,
-    the ceiling, and on its real data, timed side by side on `ctx`."""
+    the ceiling, and on its real data, timed side by side on `ctx` after drain_for(s) untimed steps each."""
     runs = sources(s, ctx)
     step = train_step(s, ctx)
-    return compare({name: (step, b) for name, b in runs.items()}, s.batch_size, rounds, steps)
+    return compare({name: (step, b) for name, b in runs.items()}, s.batch_size, rounds, steps, drain_for(s))

@@ -1,10 +1,12 @@
 """ResNet-50 v1.5 as a Gluon HybridBlock, its initialisation, and the parameter roles LARS and weight decay use.
 
-The network is the reference's `resnet-v1b-stats-fl` symbol (spec §9.1) with the cuDNN NormConv fusions
+The network is the reference's `resnet-v1b-stats-fl` symbol (symbols/resnet-v1b-stats-fl.py) with the cuDNN NormConv
+fusions
 unfolded into plain conv -> BN -> ReLU, which computes the same thing. Where the running MXNet has fused
 BatchNorm kernels (NGC builds: BatchNorm with act_type='relu', and BatchNormAddRelu) and the layout is NHWC,
 BN -> ReLU and BN -> add -> ReLU each run as one kernel, saving passes over every activation; stock MXNet,
-which has neither, runs them as separate operators. Either way the parameters and their names are the same. Parameter names are the reference's
+which has neither, runs them as separate operators. Either way the parameters and their names are the same. Parameter
+names are the reference's
 (`conv0_weight`, `stage1_unit1_conv1sc_weight`, `fc1_bias`, ...), so the 161 trainable tensors can be logged
 under the names the MLPerf checkers know.
 
@@ -47,7 +49,7 @@ class Layout:
     fused: bool = False
 
     def conv(self, channels, kernel, stride, padding, in_channels, prefix):
-        """Convolution without bias, He-normal on fan-in = in*kh*kw (spec §9.4), not truncated."""
+        """Convolution without bias, He-normal on fan-in = in*kh*kw (train_imagenet.py, MLPerfInit), not truncated."""
         return nn.Conv2D(channels, kernel, strides=stride, padding=padding, in_channels=in_channels,
                          layout=self.name, use_bias=False, prefix=prefix,
                          weight_initializer=mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2))
@@ -176,7 +178,7 @@ def is_layer_weight(shape):
     """True for conv kernels and dense weights (>= 2-D): the tensors that LARS and weight decay act on.
 
     1-D tensors (BN gamma/beta, the fc bias) are excluded from both. The rule is structural, not by name.
-    The reference differs for one tensor: it gives fc1_bias weight decay too (spec §10.2).
+    The reference differs for one tensor: it gives fc1_bias weight decay too (common/fit.py).
     """
     return len(shape) >= 2
 

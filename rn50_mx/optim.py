@@ -1,7 +1,8 @@
 """What training minimises and how: the smoothed loss, LARS (MXNet optimizers `lars` and `sgdwfastlars`),
 the learning-rate schedule, and the trainer.
 
-Gradient scaling (spec §9.3, §10.1): the loss is a per-sample vector, so backward gives gradients *summed*
+Gradient scaling (symbols/resnet-v1b-stats-fl.py and common/fit.py): the loss is a per-sample vector, so backward
+gives gradients *summed*
 over the local batch, and `trainer.step(local_batch_size)` sets rescale_grad = 1/local_batch_size. Across
 ranks, hvd.DistributedTrainer (Horovod 0.28) either sums and divides rescale_grad by the world size (Gloo, NCCL
 < 2.10: measured 1/(4 x 2) with 2 Gloo ranks of 4 images) or averages in the allreduce; both give the optimizer
@@ -27,7 +28,8 @@ class SmoothedCrossEntropy(gluon.HybridBlock):
     1 - a + a/K and the others a/K. (The MXNet submission's SoftmaxOutput puts a/(K-1) on the others.)
     loss = -(1 - a) log p_gold - (a/K) sum_k log p_k, whose gradient w.r.t. the logits is p - q, with no
     one-hot built. It returns one value per sample, not the mean: backward then gives gradients *summed*
-    over the batch, and the optimizer's rescale_grad = 1/global batch turns them into the mean (spec §9.3).
+    over the batch, and the optimizer's rescale_grad = 1/global batch turns them into the mean
+    (symbols/resnet-v1b-stats-fl.py).
     """
 
     def __init__(self, smoothing):
@@ -46,7 +48,7 @@ def make_loss(settings):
 
 
 def lr_at(step, base_lr, end_lr, warmup_steps, total_steps, power=2):
-    """Learning rate of update number `step` (1-based: the first update is step 1), spec §10.4.
+    """Learning rate of update number `step` (1-based: the first update is step 1), PolySchedule.
 
     Linear warmup base*t/Tw for t <= Tw, then end + (base - end)*(1 - (t - Tw)/(T - Tw))**power; from T on it
     stays at end. Step 0 (before any update) gives 0 with warmup.
@@ -67,7 +69,8 @@ def schedule(settings, steps_per_epoch):
 
 
 class LARS(mx.optimizer.Optimizer):
-    """Momentum SGD with a layer-wise trust ratio on conv and dense weights (spec §10.3, REF's LARS).
+    """Momentum SGD with a layer-wise trust ratio on conv and dense weights (sgdwfastlars optimizer,
+    lars_multi_mp_sgd_mom_update, REF's LARS).
 
     For a layer weight w with rescaled gradient g = rescale_grad * grad and weight decay wd:
         lr_i = lr * eta*||w|| / (||g|| + wd*||w|| + eps)   if ||w|| > 0 and ||g|| > 0, else lr
@@ -78,7 +81,8 @@ class LARS(mx.optimizer.Optimizer):
     multi_sum_sq squares float16 in float16 and loses small gradients).
 
     No momentum correction: MXNet's own `lars` and the reference scale momentum by lr_t/lr_{t-1}, but only
-    on the first update call of each step (spec §10.3); REF (TF) does not, and neither does this class.
+    on the first update call of each step (sgdwfastlars optimizer, lars_multi_mp_sgd_mom_update); REF (TF) does not,
+    and neither does this class.
     This class replaces MXNet's built-in `lars`, which picks the excluded tensors by name suffix.
     """
 
@@ -129,7 +133,7 @@ class LARS(mx.optimizer.Optimizer):
 
 
 class SGDwFastLARS(LARS):
-    """The same optimizer under the reference's name (`--optimizer sgdwfastlars`, spec §10.1)."""
+    """The same optimizer under the reference's name (`--optimizer sgdwfastlars`, common/fit.py)."""
 
 
 with warnings.catch_warnings():

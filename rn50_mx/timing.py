@@ -17,6 +17,7 @@ import glob
 import json
 import logging
 import os
+import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from typing import Optional
@@ -340,6 +341,7 @@ def main(argv=None):
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     if args.plot:
         plot(report, args.plot)
+        print(f"timing: wrote the plot to {os.path.abspath(args.plot)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

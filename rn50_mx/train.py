@@ -8,7 +8,8 @@ Two processes on one machine (Gloo):
 Eight GPUs (NCCL), as the reference:
     source config/NF5688M6.sh && ./run_with_docker.sh
 
-Order as the reference (spec §2): build, initialise, broadcast and warm up -> run_start -> open the data (the first
+Order as the reference (train_imagenet.py and run_with_docker.sh): build, initialise, broadcast and warm up ->
+run_start -> open the data (the first
 time it is touched) -> epochs, with evals on the schedule -> run_stop as soon as top-1 reaches the target.
 """
 import random
@@ -84,7 +85,8 @@ def accuracy(net, val_it, d):
 
 def eval_epochs(s):
     """0-based epochs after which we evaluate: every eval_period from eval_offset, as the MLPerf rules allow
-    (spec §12), plus the last epoch only when --eval-last-epoch asks for it (an off-schedule eval: not for
+    (mlperf_fit in common/fit.py), plus the last epoch only when --eval-last-epoch asks for it (an off-schedule eval:
+    not for
     submissions)."""
     scheduled = {e for e in range(s.epoch_limit) if e % s.eval_period == s.eval_offset}
     return sorted(scheduled | ({s.epoch_limit - 1} if s.eval_last_epoch else set()))
@@ -115,7 +117,8 @@ def fit(s, d, net, loss_fn, trainer, train_it, val_it):
 
 
 def rank_seed(s, d):
-    """The logged base seed and this rank's seed drawn from it, as the reference (spec §2)."""
+    """The logged base seed and this rank's seed drawn from it, as the reference (train_imagenet.py and
+    run_with_docker.sh)."""
     base = s.seed if s.seed is not None else random.SystemRandom().randint(0, 65535)
     if s.seed is None:  # each rank drew its own: take rank 0's (the one logged), the others adding 0
         drawn = mx.nd.array([base if d.rank == 0 else 0], ctx=dist.HOST, dtype="int32")

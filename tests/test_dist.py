@@ -319,3 +319,12 @@ WORKERS = {"equivalence": equivalence_worker, "eval": eval_worker, "train": trai
 
 if __name__ == "__main__":
     WORKERS[sys.argv[1]](*sys.argv[2:])
+
+
+def test_a_rank_that_sees_exactly_one_gpu_uses_it():
+    """Slurm giving each task its own GPU (CUDA_VISIBLE_DEVICES holds one): local rank 3 uses the GPU it sees; on a
+    node where every rank sees every GPU, rank 3 uses GPU 3; too few GPUs for the ranks is one line."""
+    assert [dist.gpu_index(rank, 1) for rank in range(4)] == [0, 0, 0, 0]
+    assert [dist.gpu_index(rank, 8) for rank in range(4)] == [0, 1, 2, 3]
+    with pytest.raises(InputError, match="local rank 3 needs GPU 3, but 2 are visible"):
+        dist.gpu_index(3, 2)

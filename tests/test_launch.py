@@ -596,3 +596,13 @@ def test_every_module_the_docs_and_messages_name_exists():
             named |= set(re.findall(r"python -m (rn50_mx(?:\.\w+)*)", f.read()))
     assert {"rn50_mx.train", "rn50_mx.prep_rec", "rn50_mx.selftest"} <= named
     assert [name for name in sorted(named) if importlib.util.find_spec(name) is None] == []
+
+
+@pytest.mark.parametrize("module", ["rn50_mx.selftest", "rn50_mx.tune"])
+def test_tool_help_is_whole_and_names_the_data_flags(module):
+    result = subprocess.run([shutil.which("python", path=ENV_PATH), "-m", module, "--help"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    text = " ".join(result.stdout.split())
+    description = text.split("options:")[0]
+    assert result.returncode == 0 and description.rstrip().endswith(".")
+    assert "--data-train DIR/train.rec --data-val DIR/val.rec (or DATADIR" in text

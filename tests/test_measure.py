@@ -45,3 +45,11 @@ def test_compare_counts_rounds_and_steps_of_each_contender(small_rec):
 def test_missing_train_file_fails_before_building(tmp_path):
     with pytest.raises(InputError, match="missing.rec"):
         measure.sources(small_settings(str(tmp_path / "missing")), mx.cpu())
+
+
+def test_the_untimed_steps_outnumber_the_prefetched_batches():
+    """The self-test's real batches are timed after more steps than DALI prefetches (the shipped configs prefetch
+    5 and 15), so that they are decoded while timed, not taken from a full queue."""
+    from rn50_mx.config import Settings
+
+    assert [measure.drain_for(Settings(dali_prefetch_queue=depth)) for depth in (1, 2, 5, 15)] == [3, 3, 6, 16]

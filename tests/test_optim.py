@@ -16,7 +16,8 @@ SCHEDULE = functools.partial(optim.lr_at, base_lr=2.0, end_lr=1e-4, warmup_steps
 
 
 def lars_reference(weights, grads, moms, lr):
-    """One LARS step in float64, as spec §10.3 without the momentum-correction quirk; 1-D tensors: no LARS, no wd."""
+    """One LARS step in float64, as sgdwfastlars optimizer, lars_multi_mp_sgd_mom_update without the
+    momentum-correction quirk; 1-D tensors: no LARS, no wd."""
     for w, g, m in zip(weights, grads, moms):
         g = RESCALE * g
         wd = WD if w.ndim >= 2 else 0.0

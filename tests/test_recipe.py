@@ -176,3 +176,39 @@ def test_check_names_the_hyperparameters_that_leave_the_rcp():
     s = s.replace(lr=10.5, batch_size=357)  # 8 x 357 = 2856
     assert recipe.verdict(s).startswith("RCP (1.0.0): global batch 2856: interpolated: the checker uses its "
                                         "interpolation between RCPs 1632 and 3264")
+
+
+@pytest.mark.parametrize("gpu, decoder, threads, prefetch", [("A100", "0.7", "8", "2"), ("H100", "0.99", "8", "3")])
+def test_written_config_starts_the_input_pipeline_for_the_gpu_generation(config_dir, gpu, decoder, threads, prefetch):
+    """The written config sets the hardware decoder share of that generation's MLPerf configs, DALI threads from
+    the cores per GPU and the resize buffer for the batch, and says to run the tuner next."""
+    result = run_recipe(config_dir, "--nodes", "1", "--gpus-per-node", "4", "--gpu", gpu, "--cores-per-node", "56",
+                        "--system", "FOUR")
+    assert result.returncode == 0, result.stderr
+    assert "next: tune its input pipeline" in result.stdout and "python -m rn50_mx.tune" in result.stdout
+    written, _ = check_written(config_dir / "FOUR.sh")
+    assert (written["--dali-hw-decoder-load"], written["--dali-threads"], written["--dali-prefetch-queue"]) == \
+        (decoder, threads, prefetch)
+    assert written["--dali-tmp-buffer-hint"] == str(871491 * 408)
+    few_cores = run_recipe(config_dir, "--nodes", "1", "--gpus-per-node", "4", "--cores-per-node", "8",
+                           "--system", "SMALL")
+    assert few_cores.returncode == 0 and check_written(config_dir / "SMALL.sh")[0]["--dali-threads"] == "2"
+    assert_one_line_naming(run_recipe(config_dir, "--nodes", "1", "--gpus-per-node", "4", "--cores-per-node", "0"),
+                           "--cores-per-node=0")
+
+
+def test_walltime_covers_every_trial_of_the_job(config_dir):
+    """run.sub runs NEXP trials (default 5) in one job: the written WALLTIME (minutes, as sbatch -t takes them)
+    grows with NEXP."""
+    assert run_recipe(config_dir, "--nodes", "1", "--gpus-per-node", "4", "--system", "FOUR").returncode == 0
+    walltime = {nexp: bash(f"set -eu; {nexp} source {config_dir}/FOUR.sh; echo $WALLTIME").stdout.strip()
+                for nexp in ("", "NEXP=1;", "NEXP=2;")}
+    one, two = int(walltime["NEXP=1;"]), int(walltime["NEXP=2;"])
+    assert int(walltime[""]) == one + 4 * (two - one) and two - one >= 55  # 35+ epochs at 4 x 3,431 img/s
+
+
+def test_check_says_whether_it_checked_the_data(tmp_path):
+    result = sourced("CPU", "python -m rn50_mx.config --check")
+    assert "data: not checked: no --data-train/--data-val" in result.stdout
+    missing = tmp_path / "train.rec"
+    assert_one_line_naming(sourced("CPU", f"python -m rn50_mx.config --check --data-train {missing}"), str(missing))

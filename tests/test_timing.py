@@ -188,3 +188,9 @@ def test_module_entry_point_reports_bad_input(tmp_path):
                           capture_output=True, text=True, cwd=Path(__file__).parents[1])
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == f"python -m rn50_mx.timing: error: {missing}: no such file or directory\n"
+
+
+def test_plot_says_where_the_picture_went(tmp_path, capsys):
+    png = tmp_path / "runs.png"
+    timing.main([str(FIXTURE / "result_1.txt"), "--plot", str(png)])
+    assert capsys.readouterr().err == f"timing: wrote the plot to {png}\n" and png.stat().st_size > 20000

@@ -26,7 +26,7 @@ SEED = 7
 # wanders between 0.87 and 1.5 instead of falling from about 1.3 to 0.5-0.8).
 FLAGS = dict(num_classes=3, image_shape="3,32,32", batch_size=8, num_epochs=7, warmup_epochs=1, lr=2.0,
              eval_offset=2, eval_period=4, min_random_area=1.0, dali_threads=1, seed=SEED, disp_batches=100)
-# What the reference's log holds (spec §13.2) and the 1.0.0 compliance rules ask for.
+# What the reference's log holds (result logs) and the 1.0.0 compliance rules ask for.
 REQUIRED_KEYS = {
     "submission_benchmark", "submission_org", "submission_division", "submission_status", "submission_platform",
     "cache_clear", "init_start", "seed", "model_bn_span", "init_stop", "global_batch_size",

@@ -115,3 +115,10 @@ def test_datadir_names_the_data_and_omp_threads_come_only_from_the_environment(t
     assert config.resolve(["--data-train", "x.rec"], {"DATADIR": str(tmp_path)})[0].data_train == "x.rec"
     result = bash("python -m rn50_mx.config --check --omp-num-threads 2")
     assert result.returncode == 2 and "set the variable instead" in result.stderr
+
+
+def test_dry_run_prints_the_plan_without_data():
+    result = sourced("CPU", "python -m rn50_mx.tune --dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "train data not given (the timed run needs DATADIR or --data-train)" in result.stdout
+    assert "DALI_THREADS" in result.stdout and "stops at real/synthetic" in result.stdout

@@ -1,4 +1,5 @@
-"""Image files -> the MXNet RecordIO files the reference trains from (spec §6), one module per part:
+"""Image files -> the MXNet RecordIO files the reference trains from (README and DeepLearningExamples'
+scripts/prepare_imagenet.sh), one module per part:
 
     python -m rn50_mx.prep_rec pack SRC_DIR OUT_PREFIX   class folders -> OUT_PREFIX.{lst,rec,idx}     (folders.py)
     python -m rn50_mx.prep_rec imagenet SRC OUT_DIR      ImageNet as downloaded -> OUT_DIR/{train,val}.*

@@ -1,4 +1,5 @@
-"""Class folders -> .rec, as `im2rec.py --list --recursive` then `im2rec.py --pass-through` (spec §6).
+"""Class folders -> .rec, as `im2rec.py --list --recursive` then `im2rec.py --pass-through` (README and
+DeepLearningExamples' scripts/prepare_imagenet.sh).
 
 Labels: one class per sub-folder of SRC_DIR; the folders in sorted order get 0..K-1, the order in which im2rec's
 sorted os.walk first sees them (only the files directly inside a class folder are packed). `index` numbers the

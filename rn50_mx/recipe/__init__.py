@@ -15,9 +15,8 @@ checker's closed-division rules reject is an error, not a config.
 import os
 import sys
 
-from .. import config
+from .. import anchors, config
 from ..errors import InputError
-from ..selftest.checks import ANCHORS
 from .check import place, verdict
 from .choosing import Recipe, choose, interpolate, mode_epoch, whole_epochs
 from .output import config_text, describe, write_config
@@ -25,35 +24,34 @@ from .rcps import (BENCHMARK, DEFAULT_RULESET, PRUNED, PUBLISHED, USAGE, horizon
                    rulesets)
 from .rules import closed_rule_failures
 
-__all__ = ["BENCHMARK", "DEFAULT_MAX_BATCH", "DEFAULT_RULESET", "GPU_SPEED", "PRUNED", "PUBLISHED", "USAGE", "Recipe",
+__all__ = ["BENCHMARK", "DEFAULT_MAX_BATCH", "DEFAULT_RULESET", "PRUNED", "PUBLISHED", "USAGE", "Recipe",
            "choose", "closed_rule_failures", "config_text", "describe", "horizon_epochs", "interpolate",
            "load_checker", "main", "mode_epoch", "parse_args", "place", "rcp_file", "rulesets", "verdict",
            "whole_epochs", "write_config"]
 
 DEFAULT_MAX_BATCH = 408  # the per-GPU batch of the NF5688M6 submission (A100-80GB)
 
-# The per-GPU speeds are selftest's MLPerf anchors (A100-80GB 3,431 img/s, H100 SXM 7,160), checked for this module
-# as median epoch throughput / 8 in the logs: training_results_v1.0 Inspur nf5688m6_mxnet 3,427-3,428 (our
-# tests/data/inspur_nf5688m6), training_results_v4.0 NVIDIA eos_ngc24.04_mxnet 7,160-7,172 (v3.1 eos: ~7,050).
-GPU_SPEED = {key: (rate, label) for key, rate, label in ANCHORS}
-
 
 # --- command line ---------------------------------------------------------------------------------------------
 def parse_args(argv=None):
-    parser = config._Parser(prog="python -m rn50_mx.recipe", description=__doc__.splitlines()[0])
+    parser = config.Parser(prog="python -m rn50_mx.recipe", description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, required=True, help="number of nodes")
     parser.add_argument("--gpus-per-node", type=int, required=True, help="GPUs per node")
     parser.add_argument("--max-batch-per-gpu", type=int, default=DEFAULT_MAX_BATCH,
                         help=f"largest per-GPU batch that fits in memory (default {DEFAULT_MAX_BATCH}, A100-80GB)")
     parser.add_argument("--ruleset", default=DEFAULT_RULESET, help=f"MLPerf training rules (default {DEFAULT_RULESET})")
-    parser.add_argument("--gpu", default="A100", choices=sorted(GPU_SPEED),
-                        help="GPU model for the default images/s, the MLPerf anchor (default A100: A100-80GB)")
+    parser.add_argument("--gpu", default="A100", choices=sorted(anchors.BY_KEY),
+                        help="GPU generation: the default images/s (its MLPerf anchor) and the input-pipeline "
+                             "settings the config starts from (default A100: A100-80GB)")
+    parser.add_argument("--cores-per-node", type=int, default=os.cpu_count(),
+                        help=f"CPU cores per node, for DALI's threads per GPU (default this machine's: "
+                             f"{os.cpu_count()})")
     parser.add_argument("--img-per-sec-per-gpu", type=float, help="your measured training images/s per GPU")
     parser.add_argument("--system", help="config name (default custom_<nodes>x<gpus>x<batch>)")
     parser.add_argument("--config-dir", default="config", help="where the configs and A100x8_common.sh are")
     parser.add_argument("--force", action="store_true", help="replace an existing config/<NAME>.sh")
     args = parser.parse_args(argv)
-    for flag in ("nodes", "gpus_per_node", "max_batch_per_gpu"):
+    for flag in ("nodes", "gpus_per_node", "max_batch_per_gpu", "cores_per_node"):
         if getattr(args, flag) < 1:
             raise InputError(f"{config.flag_name(flag)}={getattr(args, flag)}: must be >= 1")
     if args.img_per_sec_per_gpu is not None and args.img_per_sec_per_gpu <= 0:
@@ -67,14 +65,17 @@ def main(argv=None):
     """Choose the recipe, print it, and write config/<NAME>.sh."""
     args = parse_args(argv)
     recipe = choose(args)
+    gpu = anchors.BY_KEY[args.gpu]
     if args.img_per_sec_per_gpu:
         speed, speed_source = args.img_per_sec_per_gpu, "yours"
     else:
-        speed, label = GPU_SPEED[args.gpu]
-        speed_source = f"{label} in the MLPerf logs"
+        speed, speed_source = gpu.img_per_s, f"{gpu.label} in the MLPerf logs"
     name = args.system or f"custom_{recipe.nodes}x{recipe.gpus_per_node}x{recipe.batch_per_gpu}"
     path = os.path.join(args.config_dir, name + ".sh")
     command = " ".join(["python -m rn50_mx.recipe"] + (sys.argv[1:] if argv is None else argv))
-    write_config(path, config_text(recipe, command, speed), args.force)
+    cores_per_gpu = max(1, args.cores_per_node // recipe.gpus_per_node)
+    write_config(path, config_text(recipe, command, speed, gpu, cores_per_gpu), args.force)
     print(describe(recipe, speed, speed_source))
     print(f"wrote {path}: source it, then `python -m rn50_mx.config --check` shows every value training will use")
+    print(f"next: tune its input pipeline on one node with your data (DATADIR=... python -m rn50_mx.tune): it "
+          f"writes config/{name}_tuned.sh, which the launchers source after {name}.sh")

@@ -2,23 +2,24 @@
 import math
 import os
 
+from .. import anchors
 from ..errors import InputError
 from ..files import write_atomically
 from .choosing import EVAL_PERIOD
 from .rcps import IMAGENET_TRAIN
 from .rules import momentum_note
 
-INIT_AND_EVAL_MINUTES = 15  # WALLTIME margin: the 30 untimed minutes the rules allow are rarely used
+INIT_AND_EVAL_MINUTES = 15  # per trial: the 30 untimed minutes the rules allow are rarely used
+JOB_MINUTES = 10  # per job: the image's start and the checks before the first trial
 
 
 def minutes(epochs, recipe, img_per_sec):
     return epochs * IMAGENET_TRAIN / (img_per_sec * recipe.gpus) / 60
 
 
-def walltime(recipe, img_per_sec):
-    """Slurm's limit for one trial: the whole epoch budget plus init and evals, up to 5 minutes."""
-    total = math.ceil((minutes(recipe.last_eval, recipe, img_per_sec) + INIT_AND_EVAL_MINUTES) / 5) * 5
-    return f"{total // 60:02d}:{total % 60:02d}:00"
+def trial_minutes(recipe, img_per_sec):
+    """One trial: the whole epoch budget plus init and evals, up to 5 minutes."""
+    return math.ceil((minutes(recipe.last_eval, recipe, img_per_sec) + INIT_AND_EVAL_MINUTES) / 5) * 5
 
 
 def number(value):
@@ -65,12 +66,15 @@ def max_epochs_line(recipe):
             "where the slowest reference run converged\n")
 
 
-def config_text(recipe, command, img_per_sec):
-    """config/<NAME>.sh in the form of the other configs: the shared common file, then the recipe."""
+def config_text(recipe, command, img_per_sec, gpu, cores_per_gpu):
+    """config/<NAME>.sh in the form of the other configs: the GPU settings every config shares, the recipe, the
+    input pipeline's start for this GPU generation (`gpu`, an anchors.Anchor), and Slurm's time limit for NEXP
+    trials in one job (run.sub runs them all)."""
     return f"""# shellcheck shell=bash source-path=SCRIPTDIR
 # {recipe.nodes} node(s) x {recipe.gpus_per_node} GPUs x {recipe.batch_per_gpu} = {recipe.global_batch} images per step,
 # written by `{command}` (ruleset {recipe.ruleset}).
 # Recipe ({recipe.kind}): {recipe.basis}
+# The GPU settings every config shares (precision, layout, LARS, DALI hints, Horovod, NCCL): A100x8_common.sh
 source "$(dirname "${{BASH_SOURCE[0]}}")/A100x8_common.sh"
 
 export BATCHSIZE={recipe.batch_per_gpu}  # per GPU
@@ -81,9 +85,17 @@ export NUMEPOCHS={recipe.num_epochs}  # the horizon of the poly(2) decay
 export WD={recipe.wd:.1e}
 export MOM={recipe.momentum}
 
+## The input pipeline's start for {gpu.label} ({cores_per_gpu} CPU cores per GPU); then run the tuner on one node
+## (python -m rn50_mx.tune): it measures these and writes config/<NAME>_tuned.sh, which the launchers source next.
+export DALI_HW_DECODER_LOAD={gpu.hw_decoder_load}  # share of JPEGs for the hardware decoder (MLPerf configs)
+export DALI_THREADS={anchors.dali_threads(cores_per_gpu)}
+export DALI_PREFETCH_QUEUE={gpu.prefetch}
+export DALI_TMP_BUFFER_HINT={anchors.TMP_BUFFER_PER_IMAGE * recipe.batch_per_gpu}  # resize scratch: bytes x batch
+
 export DGXNGPU={recipe.gpus_per_node}
 export DGXNNODES={recipe.nodes}
-export WALLTIME={walltime(recipe, img_per_sec)}
+# minutes for sbatch -t: the job's NEXP trials (run.sub's default 5), each {trial_minutes(recipe, img_per_sec)}
+export WALLTIME=$(( ${{NEXP:-5}} * {trial_minutes(recipe, img_per_sec)} + {JOB_MINUTES} ))
 DGXSYSTEM=$(basename "${{BASH_SOURCE[0]}}" .sh)
 export DGXSYSTEM
 """

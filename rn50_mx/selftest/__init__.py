@@ -22,8 +22,8 @@ from .stack import stack_rows, topology
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="rn50_mx.selftest", description=__doc__.split("\n")[0])
-    parser.add_argument("--stack-only", action="store_true", help="only the stack: versions and build features")
+    parser = config.tool_parser("python -m rn50_mx.selftest", __doc__)
+    parser.add_argument("--stack-only", action="store_true", help="only the stack: versions, build features, and whether MXNet runs a kernel on each GPU")
     parser.add_argument("--expect-gpu", action="store_true",
                         help="fail unless MXNet has CUDA, cuDNN and NCCL, Horovod NCCL, and DALI >= 1.44")
     parser.add_argument("--ranks", type=int, default=0, help="processes for the allreduce check (0: one per GPU)")

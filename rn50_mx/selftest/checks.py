@@ -5,12 +5,10 @@ import shutil
 import subprocess
 import sys
 
-from .. import bind, measure
+from .. import anchors, bind, measure
 from ..errors import InputError
 from .report import CheckFailed, Skipped
 
-# Training images/s per device of MLPerf-tuned NVIDIA MXNet ResNet-50 (MLPerf Training results), by GPU name.
-ANCHORS = (("H100", 7160, "H100 SXM"), ("A100", 3431, "A100-80GB"))
 # Loss of the configured model against NCHW float32 on the same weights and batch: float32 differs only in the
 # order of sums; float16 in its 11-bit mantissa through 50 layers.
 LOSS_RTOL = {"float32": 1e-4, "float16": 2e-2}
@@ -156,7 +154,7 @@ def evaluation(net, val_it):
 
 def timed_steps(s, ctx, steps):
     """Training images/s on synthetic and on real batches side by side, the Inspur article's ceiling and reality."""
-    rates = measure.synthetic_vs_real(s, ctx, rounds=1, steps=steps)
+    rates = measure.synthetic_vs_real(s, ctx, rounds=1, steps=steps)  # drains the prefetch depth + 1 first
     names = [row[0] for row in bind.query_gpus("name")]
     return anchor_words((rates["synthetic"].images_per_s, rates["real"].images_per_s), names)
 
@@ -167,12 +165,11 @@ def anchor_words(rates, gpu_names):
     line = f"synthetic {synthetic:.0f} img/s, real {real:.0f} img/s per device: real/synthetic {real / synthetic:.2f}"
     line += " (the input keeps up)" if real >= 0.95 * synthetic else " (the input pipeline is the limit: " \
         "python -m rn50_mx.tune)"
-    found = next(((rate, label) for key, rate, label in ANCHORS if any(key in name for name in gpu_names)), None)
+    found = anchors.for_gpu_names(gpu_names)
     if found is None:
         return line + "; no MLPerf anchor for this device"
-    rate, label = found
-    return line + f"; MLPerf-tuned NVIDIA MXNet does about {rate} img/s per {label}: this run's synthetic rate " \
-        f"is {synthetic / rate:.0%} of it"
+    return line + f"; MLPerf-tuned NVIDIA MXNet does about {found.img_per_s} img/s per {found.label}: this run's " \
+        f"synthetic rate is {synthetic / found.img_per_s:.0%} of it"
 
 
 # --- running them ----------------------------------------------------------------------------------------------

@@ -23,13 +23,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def parse_args(argv):
     """(the tuner's own options, the rn50_mx.train flags left for config)."""
-    parser = argparse.ArgumentParser(prog="python -m rn50_mx.tune", description=__doc__.split("\n")[0],
-                                     allow_abbrev=False)
+    parser = config.tool_parser("python -m rn50_mx.tune", __doc__)
     parser.add_argument("--budget", type=float, default=10.0, help="minutes the search may take (default 10)")
     parser.add_argument("--target", type=float, default=0.98, help="stop at this real/synthetic (default 0.98)")
     parser.add_argument("--rounds", type=int, default=3, help="paired rounds per candidate (default 3)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per window (default 5)")
-    parser.add_argument("--dry-run", action="store_true", help="list the plan, time nothing")
+    parser.add_argument("--dry-run", action="store_true", help="list the plan, time nothing (no data needed)")
     parser.add_argument("--allow-augmentation-changes", action="store_true",
                         help="also search DALI_RESIZE_ANTIALIAS, which changes the images training sees")
     parser.add_argument("--out", default=os.path.join(ROOT, "config"), help="folder of the fragment (config/)")
@@ -40,10 +39,11 @@ def parse_args(argv):
     return args, rest
 
 
-def settings(rest):
-    """The training settings, real data: a missing or unreadable train file fails here, before any timing."""
+def settings(rest, need_data=True):
+    """The training settings, real data: a missing or unreadable train file fails here, before any timing. A plan
+    (need_data False) is printed without data."""
     s = config.load(rest, prog="rn50_mx.tune").replace(synthetic=False)
-    if not s.data_train:
+    if need_data and not s.data_train:
         raise InputError("no train data: set DATADIR (the folder of train.rec) or give --data-train")
     config.check_data_files(s.replace(data_val=""))
     return s.replace(data_val="")
@@ -79,7 +79,7 @@ def main(argv=None):
 
         s = config.load(rest, prog="rn50_mx.tune")
         return hosts.serve(s, dist.context(s, 0))
-    s = settings(rest)
+    s = settings(rest, need_data=not args.dry_run)
     print(output.plan(s, space.start(s, args.allow_augmentation_changes),
                       space.searched(s, args.allow_augmentation_changes), args), flush=True)
     if args.dry_run:

@@ -13,7 +13,7 @@ FRAGMENT_NOTE = """# Sourced after config/{system}.sh by run_with_docker.sh and 
 def plan(s, knobs, space_, args):
     """The --dry-run listing: what would be timed, in which order, and when it stops."""
     lines = [f"rn50_mx.tune on {s.dgxsystem}: {s.device}, batch {s.batch_size}, {s.image_shape}, {s.dtype} "
-             f"{s.input_layout}, train data {s.data_train}",
+             f"{s.input_layout}, train data {s.data_train or 'not given (the timed run needs DATADIR or --data-train)'}",
              f"1. the ceiling: synthetic batches; 2. the current settings ({space.describe(knobs)}) on real data, "
              f"side by side, {args.rounds} rounds of {args.steps} steps",
              "3. coordinate descent, each candidate in paired rounds against the incumbent, knobs in this order:"]
