@@ -24,4 +24,5 @@ export NCCL_NET_GDR_READ=1
 export NCCL_COLLNET_ENABLE=0  # no SHARP on one node
 
 export DGXNNODES=1
-export WALLTIME=01:00:00
+# minutes for sbatch -t: run.sub runs NEXP trials (default 5) in one job, each within the reference's hour
+export WALLTIME=$(( ${NEXP:-5} * 60 + 10 ))

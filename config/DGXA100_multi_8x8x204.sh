@@ -19,6 +19,7 @@ export DALI_TMP_BUFFER_HINT=44446041  # the reference's value (its comment says 
 
 export DGXSOCKETCORES=64  # 2x AMD EPYC 7742 per node
 export DGXNNODES=8
-export WALLTIME=00:40:00
+# minutes for sbatch -t: run.sub runs NEXP trials (default 5) in one job, each within the reference's 40 minutes
+export WALLTIME=$(( ${NEXP:-5} * 40 + 10 ))
 DGXSYSTEM=$(basename "${BASH_SOURCE[0]}" .sh)
 export DGXSYSTEM

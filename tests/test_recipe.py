@@ -212,3 +212,10 @@ def test_check_says_whether_it_checked_the_data(tmp_path):
     assert "data: not checked: no --data-train/--data-val" in result.stdout
     missing = tmp_path / "train.rec"
     assert_one_line_naming(sourced("CPU", f"python -m rn50_mx.config --check --data-train {missing}"), str(missing))
+
+
+@pytest.mark.parametrize("system", ["NF5688M6", "DGXA100_multi_8x8x204"])
+def test_shipped_configs_walltime_covers_every_trial(system):
+    walltime = [int(bash(f"set -eu; NEXP={nexp}; source config/{system}.sh; echo $WALLTIME").stdout)
+                for nexp in ("1", "5")]
+    assert walltime[1] - walltime[0] == 4 * (walltime[0] - 10) and walltime[0] >= 50
