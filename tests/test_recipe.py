@@ -195,6 +195,8 @@ def test_written_config_starts_the_input_pipeline_for_the_gpu_generation(config_
     assert few_cores.returncode == 0 and check_written(config_dir / "SMALL.sh")[0]["--dali-threads"] == "2"
     assert_one_line_naming(run_recipe(config_dir, "--nodes", "1", "--gpus-per-node", "4", "--cores-per-node", "0"),
                            "--cores-per-node=0")
+    assert_one_line_naming(run_recipe(config_dir, "--nodes", "1", "--gpus-per-node", "4", "--gpu", "B200"),
+                           "--gpu: invalid choice: 'B200'")
 
 
 def test_walltime_covers_every_trial_of_the_job(config_dir):

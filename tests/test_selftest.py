@@ -98,3 +98,14 @@ def test_a_failed_launch_is_mxnets_message_in_one_line():
     assert error == "Operator _ones is not implemented for GPU."
     assert kernels.one_line("[18:35:30] ../src/imperative/./imperative_utils.h:93: GPU support is disabled.\n"
                             "Stack trace:\n  [bt] (0) libmxnet.so") == "GPU support is disabled."
+
+
+def test_without_cuobjdump_the_launch_alone_decides(tmp_path):
+    """No CUDA toolkit here: library_archs says so (None), and the stack row reads the build's answer."""
+    import shutil
+
+    from rn50_mx.selftest import kernels
+
+    if shutil.which("cuobjdump") or shutil.which("cuobjdump", path=kernels.CUDA_BIN):
+        pytest.skip("cuobjdump is installed here")
+    assert kernels.library_archs(str(tmp_path / "libmxnet.so")) is None

@@ -18,6 +18,7 @@ FAMILIES = {5: "Maxwell", 6: "Pascal", 7: "Volta", (7, 5): "Turing", 8: "Ampere"
             10: "Blackwell", 12: "Blackwell"}
 CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 75, 76  # cuda.h
 
+CUDA_BIN = "/usr/local/cuda/bin"  # the CUDA toolkit's tools in NGC images, should PATH not hold them
 Gpu = namedtuple("Gpu", "index name capability launch_error")  # capability (9, 0); launch_error None when it ran
 
 
@@ -100,7 +101,7 @@ def one_line(message):
 def library_archs(path):
     """({"sm_80", ...} with machine code, {"sm_80", ...} as PTX) in the shared library at `path`, from cuobjdump
     (the CUDA toolkit's; NGC images have it), or None where there is no cuobjdump."""
-    tool = shutil.which("cuobjdump")
+    tool = shutil.which("cuobjdump") or shutil.which("cuobjdump", path=CUDA_BIN)
     if tool is None:
         return None
     found = []
