@@ -81,13 +81,14 @@ def read_file(root, item):
 
 
 def pack(src_dir, out_prefix, *, shuffle=True, seed=IM2REC_SEED, workers=1, list_file=None, classes=None,
-         skip_bad=False, progress=None):
+         skip_bad=False, progress=None, force=False):
     """Pack the images of src_dir's class folders into OUT_PREFIX.{lst,rec,idx} (records.py says what they hold).
 
     list_file: pack the Items of an existing im2rec .lst in its order (paths relative to src_dir) instead of
     listing the folders; shuffle, seed and classes then do not apply.
     classes: {folder: label} instead of the sorted folder order (a val split takes train's).
     skip_bad: leave out unreadable or non-image files (counted in the summary) instead of stopping.
+    force: replace an existing OUT_PREFIX set (otherwise kept, with one line).
     """
     if list_file:
         items = read_lst(list_file)
@@ -98,7 +99,7 @@ def pack(src_dir, out_prefix, *, shuffle=True, seed=IM2REC_SEED, workers=1, list
         if shuffle:
             items = shuffled(items, seed)
     return write_records(items, out_prefix, lambda item: read_file(src_dir, item), workers=workers,
-                         skip_bad=skip_bad, progress=progress)
+                         skip_bad=skip_bad, progress=progress, force=force)
 
 
 def pack_train_val(raw_dir, out_dir, **options):
