@@ -425,12 +425,15 @@ def main(argv=None):
 
 
 def check_data_files(settings):
-    """The .rec/.idx pairs the settings name must be there and readable, as training will find out."""
+    """The .rec/.idx pairs the settings name must be there, readable and sound, and the train set must hold a
+    batch for every process, as training would find out after its start."""
     splits = [train for train, path in ((True, settings.data_train), (False, settings.data_val)) if path]
     if splits:
         from . import data  # loads MXNet and DALI: only when there are files to check
         for train in splits:
             data.rec_and_idx(settings, train)
+        if settings.data_train:  # the batch the processes of the run take from this train set
+            data.steps_per_epoch(settings, settings.dgxnnodes * settings.dgxngpu)
 
 
 if __name__ == "__main__":

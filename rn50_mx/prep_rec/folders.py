@@ -20,7 +20,7 @@ def list_classes(src_dir):
     """The class folders of src_dir in sorted order, which is their label order."""
     if not os.path.isdir(src_dir):
         raise InputError(f"{src_dir}: no such directory")
-    names = sorted(entry.name for entry in os.scandir(src_dir) if entry.is_dir())
+    names = sorted(entry.name for entry in os.scandir(src_dir) if is_folder(entry))
     if not names:
         raise InputError(f"{src_dir}: no class folders (expected one sub-folder of images per class)")
     return names
@@ -30,7 +30,15 @@ def image_entries(folder):
     """The entries named like images directly inside `folder`, as os.DirEntry, in directory order. Anything but a
     folder counts: a broken link or a file that cannot be read is then named when it is read, not left out."""
     return (entry for entry in os.scandir(folder)
-            if os.path.splitext(entry.name)[1].lower() in IMAGE_EXTS and not entry.is_dir())
+            if os.path.splitext(entry.name)[1].lower() in IMAGE_EXTS and not is_folder(entry))
+
+
+def is_folder(entry):
+    """Whether an os.DirEntry is a folder; a link that cannot be followed (a loop) is not, and is named when read."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
 
 
 def image_files(folder):
