@@ -231,6 +231,11 @@ def test_read_only_outputs_are_one_line_before_any_work(shared, tmp_path):
                        "--num-classes", "3", "--mllog-file", f"{ro}/mlperf.log"))
         assert train.returncode == 2 and train.stderr.strip() == (
             f"rn50_mx.train: error: {ro}/mlperf.log: cannot create (Read-only file system)")
+        tune = run(*launcher(f"python -m rn50_mx.tune --budget 1 --steps 1 --rounds 1 --out {ro} --data-train "
+                             f"{shared['data']}/train.rec", {**TINY, "BATCHSIZE": "2"}))
+        assert tune.returncode == 2 and tune.stderr.strip() == (
+            f"rn50_mx.tune: error: {ro}/CPU_tuned.sh.lock: cannot create (Read-only file system)")
+        assert "stopped:" not in tune.stdout  # no search ran
         assert files_in(ro) == []
 
 
