@@ -1,6 +1,7 @@
 """One error type for bad input, and the CLI wrapper that turns it into one line on stderr."""
 import os
 import sys
+import threading
 
 
 class InputError(Exception):
@@ -21,8 +22,11 @@ def run_cli(main, prog):
 
 
 def quit_now(line, code):
-    """Print `line` on stderr and end the process with `code` without waiting for other threads."""
+    """Print `line` on stderr and end the process with `code`, without waiting for the threads that interpreter exit
+    would wait for when there are any (otherwise as sys.exit, which a caller in the same process can catch)."""
     print(line, file=sys.stderr)
+    if not any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.exit(code)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
