@@ -46,7 +46,7 @@ demo: venv
 	  $(PY) -m rn50_mx.prep_rec verify $(DATA)/train --num-classes $$NUM_CLASSES && \
 	  $(PY) -m rn50_mx.prep_rec verify $(DATA)/val --num-classes $$NUM_CLASSES
 	source config/CPU.sh && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" DATADIR=$(DATA) LOGDIR=$(LOGDIR) NEXP=$(NEXP) \
-	  ./run_with_docker.sh
+	  exec ./run_with_docker.sh  # exec: the SIGTERM that make passes on reaches the launcher, which stops its trial
 
 clean:
 	rm -rf $(VENV) data results build *.egg-info

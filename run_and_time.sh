@@ -2,8 +2,13 @@
 # One timed training run on this node, printed as the reference prints it (run_and_time.sh):
 #   STARTING TIMING RUN AT <date>  ...training...  ENDING TIMING RUN AT <date>
 #   RESULT,IMAGE_CLASSIFICATION,,<seconds>,<user>,<start date>
-# RESULT is wall time including initialisation, not the MLPerf score (run_start..run_stop in the log). A failed
-# run exits with training's exit code and prints no ENDING/RESULT.
+# RESULT is wall time including initialisation, not the MLPerf score (run_start..run_stop in the log).
+# The outcome comes from this run's MLPerf lines, not from the exit code alone:
+#   run_stop status success    success (exit 0), even when a process then hung on its way out and was ended by
+#                              its exit alarm (horovodrun then exits 1)
+#   resumable_stop             stopped after writing a checkpoint (SIGTERM/SIGUSR1): exit 75, "stopped, resumable"
+#   anything else              failed: training's exit code (1 when it was 0, e.g. run_stop aborted); no
+#                              ENDING/RESULT lines
 #
 # Usage: source config/<SYSTEM>.sh; DATADIR=<folder with train.rec/.idx, val.rec/.idx> ./run_and_time.sh
 #
@@ -94,7 +99,10 @@ fi
 # In the background, so that a SIGTERM or Ctrl-C reaching this script is passed on (horovodrun then stops every
 # rank) instead of leaving the ranks running without a parent. horovodrun tags every line with its rank
 # ("[3]<stdout>:"); MLPerf log lines must start with ":::MLLOG", so the tag is taken off those.
-"${LAUNCH[@]}" > >(sed -u -E 's/^\[[0-9,]+\]<std(out|err)>:(:::MLLOG )/\2/') &
+# The stream is also kept in a temporary file, from which this run's outcome is read.
+stream=$(mktemp)
+trap 'rm -f "$stream"' EXIT
+"${LAUNCH[@]}" > >(sed -u -E 's/^\[[0-9,]+\]<std(out|err)>:(:::MLLOG )/\2/' | tee "$stream") &
 launcher=$!
 trap 'kill -TERM "$launcher" 2>/dev/null' TERM INT
 status=0
@@ -104,9 +112,29 @@ while kill -0 "$launcher" 2>/dev/null; do  # a trapped signal ends `wait` early:
 done
 trap - TERM INT
 wait  # the log filter, so that its last lines come before ENDING/RESULT
-if (( status == 142 )); then  # 128 + SIGALRM: rn50_mx.train's exit alarm, RN50_EXIT_TIMEOUT s after run_stop
-    echo "run_and_time.sh: training hung on its way out after run_stop and was ended by its exit alarm" \
-         "(its log is complete)" >&2
+
+# The value of the MLPerf event `key` ($1) in this run's lines, or nothing (the first one; `status` ($1 =
+# run_stop) reads its metadata status).
+mllog_value() {
+    local pattern='"value": ([^,]*)'
+    [[ "$1" == run_stop ]] && pattern='"status": "([a-z_]*)"'
+    { grep -E "^:::MLLOG .*\"key\": \"$1\"" "$stream" || true; } | head -n 1 | sed -nE "s/.*${pattern}.*/\1/p"
+}
+
+if [[ "$leader" == 1 ]]; then
+    stopped_as=$(mllog_value run_stop)
+    if [[ -n "$(mllog_value resumable_stop)" ]]; then
+        echo "run_and_time.sh: stopped, resumable (checkpoint $(mllog_value resumable_stop))" >&2
+        exit 75
+    elif [[ "$stopped_as" == success && "$status" != 0 ]]; then
+        echo "run_and_time.sh: training exited with code ${status} after run_stop success (a process hung on its" \
+             "way out and was ended by its exit alarm): the run is complete" >&2
+        status=0
+    elif [[ "$stopped_as" != success ]]; then
+        echo "run_and_time.sh: training failed (exit code ${status}; run_stop ${stopped_as:-missing})" >&2
+        exit $(( status == 0 ? 1 : status ))
+    fi
+elif (( status == 142 )); then  # another task under srun: 128 + SIGALRM, the exit alarm after run_stop
     status=0
 fi
 if (( status != 0 )); then

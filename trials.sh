@@ -14,14 +14,25 @@ say_error() { echo "${LAUNCHER}: $*" >&2; }
 die() { say_error "$@"; exit 2; }
 
 # NEXP, LOGDIR (default $1, created), DATESTAMP and CLEAR_CACHES, as the launchers' header comments describe them.
+# The logs are checked before any work: LOGDIR writable, no log of this DATESTAMP there (a log is never replaced),
+# and LOGDIR/DATESTAMP.lock held (flock) until the launcher ends, so that a second launch with the same DATESTAMP
+# stops with one line.
 trial_settings() {
     : "${DATADIR:?set DATADIR to the folder holding train.rec/.idx and val.rec/.idx}"
     NEXP=${NEXP:-5}
     [[ "$NEXP" =~ ^[1-9][0-9]*$ ]] || die "NEXP=${NEXP}: expected a positive integer"
     LOGDIR=${LOGDIR:-$1}
     DATESTAMP=${DATESTAMP:-$(date +%y%m%d%H%M%S%N)}
+    [[ "$DATESTAMP" =~ ^[A-Za-z0-9._-]+$ ]] || die "DATESTAMP=${DATESTAMP}: expected letters, digits, '.', '_' or '-'"
     CLEAR_CACHES=${CLEAR_CACHES:-1}
-    mkdir -p "$LOGDIR"
+    mkdir -p "$LOGDIR" 2>/dev/null || die "LOGDIR=${LOGDIR}: cannot create it"
+    LOG_LOCK="${LOGDIR}/${DATESTAMP}.lock"
+    { exec {log_lock_fd}>>"$LOG_LOCK"; } 2>/dev/null || die "LOGDIR=${LOGDIR}: not writable (the logs could not be kept)"
+    flock -n "$log_lock_fd" || die "LOGDIR=${LOGDIR}: another launch is writing the logs of DATESTAMP=${DATESTAMP} now"
+    trap 'rm -f "$LOG_LOCK"' EXIT
+    if compgen -G "${LOGDIR}/${DATESTAMP}_*.log" >/dev/null; then
+        die "LOGDIR=${LOGDIR}: holds logs of DATESTAMP=${DATESTAMP} already; they are kept (choose another DATESTAMP)"
+    fi
 }
 
 # Sources $1's fragment config/<SYSTEM>_tuned.sh (`python -m rn50_mx.tune` writes it) when there is one, as if it
@@ -69,6 +80,39 @@ clear_caches() {
     drop_caches
 }
 
+# Trial $1 with seed $2, its output in its log; the status is run_and_time.sh's (75: stopped, resumable).
+one_trial() {
+    (
+        echo "Beginning trial ${1} of ${NEXP}"
+        if clear_caches; then export CACHE_CLEARED=1; else export CACHE_CLEARED=0; fi
+        export SEED="$2"
+        run_trial
+    ) |& tee "${logs[-1]}"
+}
+
+# Runs "$@" in a process group of its own and waits for it. A SIGTERM or SIGINT reaching the launcher is passed to
+# that whole group (run_and_time.sh, horovodrun, the ranks, tee); the launcher then waits for it to end and exits
+# 128 + the signal, with no further trial: a stopped launcher leaves nothing running.
+run_in_group() {
+    local group status=0
+    set -m
+    "$@" &
+    group=$!
+    set +m
+    trap 'stop_group "$group" TERM 143' TERM
+    trap 'stop_group "$group" INT 130' INT
+    wait "$group" || status=$?
+    trap - TERM INT
+    return "$status"
+}
+
+stop_group() {
+    kill -"$2" -- "-$1" 2>/dev/null
+    while kill -0 "$1" 2>/dev/null; do wait "$1"; done
+    say_error "stopped by SIG$2; no further trial runs"
+    exit "$3"
+}
+
 run_trials() {
     local i seed used_seeds=" " logs=() seen_logs=() failed=()
     # Fail before any trial on a bad setting or a missing data file: one line naming it.
@@ -85,12 +129,12 @@ run_trials() {
         used_seeds+="$seed "
         logs+=("${LOGDIR}/${DATESTAMP}_${i}.log")
         seen_logs+=("${LOGS_SEEN_AS}/${DATESTAMP}_${i}.log")
-        if ! (
-            echo "Beginning trial ${i} of ${NEXP}"
-            if clear_caches; then export CACHE_CLEARED=1; else export CACHE_CLEARED=0; fi
-            export SEED="$seed"
-            run_trial
-        ) |& tee "${logs[-1]}"; then
+        trial_status=0
+        run_in_group one_trial "$i" "$seed" || trial_status=$?
+        if (( trial_status == 75 )); then
+            say_error "trial ${i} of ${NEXP}: stopped, resumable; no further trial runs"
+            exit 75
+        elif (( trial_status != 0 )); then
             failed+=("$i")
         fi
     done

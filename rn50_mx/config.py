@@ -8,12 +8,19 @@ names its `config_<SYSTEM>.sh` files export (BATCHSIZE, LR, DALI_THREADS, ...). 
 import argparse
 import dataclasses
 import difflib
+import math
 import os
 import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
 from .errors import InputError, run_cli
+
+
+# Bounds of the shapes: a per-process batch beyond 16384 images (40 times the reference's 408) or a side beyond
+# 2048 pixels (84 times the reference's 224x224 in every activation) is a typo, not a recipe.
+MAX_BATCH = 16384
+MAX_IMAGE_SIDE = 2048
 
 
 class SettingsError(InputError):
@@ -105,7 +112,7 @@ class Settings:
     # --- optimizer and schedule (common/fit.py) ----------------------------------------------------------
     optimizer: str = _opt("sgdwfastlars", "lars (alias sgdwfastlars) or sgd (momentum)", env="OPTIMIZER",
                           choices=("sgdwfastlars", "lars", "sgd"))
-    batch_size: int = _opt(408, "images per process per step", env="BATCHSIZE", low=1)
+    batch_size: int = _opt(408, "images per process per step", env="BATCHSIZE", low=1, high=MAX_BATCH)
     lr: float = _opt(10.5, "peak learning rate, reached after warmup", env="LR", low=0.0)
     end_lr: float = _opt(1e-4, "learning rate at the end of the poly decay", env="END_LR", low=0.0)
     lr_step_epochs: str = _opt("pow2", "schedule: warmup + polynomial decay of power 2", env="LRSCHED",
@@ -184,6 +191,9 @@ FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
 OWNED_ENV_PREFIXES = ("DALI_", "RN50_")
 SHARED_ENV_PREFIX = "DALI_"
 TYPO_SIMILARITY = 0.8  # difflib ratio: DALI_THREAD~DALI_THREADS 0.96, DALI_USE_VMM~DALI_DONT_USE_MMAP 0.73
+# Any other name this close to one we read (BATCHSIZ~BATCHSIZE 0.94, NUMEPOCH~NUMEPOCHS 0.94) is a typo too; the
+# bar is higher, as the environment holds every other program's names (PWD~WD is 0.8).
+NEAR_MISS_SIMILARITY = 0.88
 # Reference variables for features rn50_mx has one fixed form of (run_and_time.sh): the value that matches it is
 # accepted, any other is refused, so a reference setting is never ignored without a word.
 REFERENCE_ONLY_ENV = {
@@ -218,6 +228,8 @@ def _check(f, value, source):
     meta = f.metadata
     if value is None:
         return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SettingsError(f"{source}={value!r}: must be a finite number")
     if meta["choices"] and value not in meta["choices"]:
         raise SettingsError(f"{source}={value!r}: must be one of {', '.join(meta['choices'])}")
     if meta["low"] is not None and value < meta["low"]:
@@ -241,6 +253,9 @@ def validate(s, origins=None):
     chw = s.image_shape.split(",")
     if len(chw) != 3 or not all(v.isdigit() and int(v) > 0 for v in chw) or int(chw[0]) not in (3, 4):
         raise SettingsError(f"{src('image_shape')}={s.image_shape!r}: expected C,H,W with C 3 or 4")
+    if not all(32 <= int(side) <= MAX_IMAGE_SIDE for side in chw[1:]):
+        raise SettingsError(f"{src('image_shape')}={s.image_shape!r}: H and W must be 32 to {MAX_IMAGE_SIDE} "
+                            "(ResNet-50 halves the side 5 times)")
     if s.min_random_area > s.max_random_area:
         raise SettingsError(f"{src('min_random_area')} is larger than {src('max_random_area')}")
     if s.min_random_aspect_ratio > s.max_random_aspect_ratio:
@@ -283,7 +298,20 @@ def from_environ(environ):
                 raise SettingsError(f"{name}={text!r}: rn50_mx supports only {name}={REFERENCE_ONLY_ENV[name][0]}")
         elif name.startswith(OWNED_ENV_PREFIXES):
             refuse_unknown(name, by_env)
+        else:
+            refuse_near_miss(name, list(by_env) + list(REFERENCE_ONLY_ENV))
     return values
+
+
+def refuse_near_miss(name, known):
+    """Any other name that is a likely typo of one we read (BATCHSIZ=8 would otherwise be ignored in silence)."""
+    if len(name) < 5:
+        return
+    close = [k for k in known if k.upper() == name.upper()] or difflib.get_close_matches(
+        name, known, n=1, cutoff=NEAR_MISS_SIMILARITY)
+    if close:
+        raise SettingsError(f"{name}: not a variable rn50_mx reads; did you mean {close[0]}? (it is ignored: unset "
+                            "it or correct it)")
 
 
 def refuse_unknown(name, by_env):
@@ -405,14 +433,17 @@ def main(argv=None, check=None):
 
 
 def check_data_files(settings):
-    """The .rec/.idx pairs the settings name must be there and readable, as training will find out. Returns what
-    was checked in words ("not checked: ..." when the settings name no data)."""
+    """The .rec/.idx pairs the settings name must be there, readable and sound, and the train set must hold a
+    batch for every process, as training would find out after its start. Returns what was checked in words
+    ("not checked: ..." when the settings name no data)."""
     splits = [(train, path) for train, path in ((True, settings.data_train), (False, settings.data_val)) if path]
     if not splits:
         return "not checked: no --data-train/--data-val (DATA_TRAIN/DATA_VAL) or DATADIR given"
     from . import data  # loads MXNet and DALI: only when there are files to check
     for train, _ in splits:
         data.rec_and_idx(settings, train)
+    if settings.data_train:  # the batch the processes of the run take from this train set
+        data.steps_per_epoch(settings, settings.dgxnnodes * settings.dgxngpu)
     return "found " + ", ".join(f"{path} and its .idx" for _, path in splits)
 
 

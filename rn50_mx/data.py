@@ -67,7 +67,22 @@ def rec_and_idx(settings, train):
                          f"python -m rn50_mx.prep_rec pack IMAGE_DIR {os.path.splitext(rec)[0]}") from None
     except OSError as err:
         raise InputError(f"{idx}: cannot read ({err.strerror})") from None
+    check_idx(rec, idx)
     return rec, idx
+
+
+def check_idx(rec, idx):
+    """Every .idx line is `key<TAB>offset` inside the .rec, found before DALI's reader meets it (an assertion)."""
+    entries, bad = prep_rec.read_idx(idx)
+    if bad:
+        where, _, problem = bad[0]
+        raise InputError(f"{idx}: {where}: {problem}; pack the images again (python -m rn50_mx.prep_rec verify "
+                         f"{os.path.splitext(rec)[0]} checks a set)")
+    size = os.path.getsize(rec)
+    outside = next((key for key, offset in entries if not 0 <= offset < size), None)
+    if outside is not None:
+        raise InputError(f"{idx}: record {outside} starts past the end of {rec} ({size} bytes): the two files are "
+                         "not one set")
 
 
 def count_records(idx):
@@ -178,6 +193,9 @@ def steps_per_epoch(settings, world, num_samples=None):
     n = num_samples if num_samples is not None else train_samples(settings)
     if n < world:
         raise InputError(f"{settings.data_train or '--num-examples'}: {n} train images for {world} processes")
+    if n // world < settings.batch_size:
+        raise InputError(f"--batch-size={settings.batch_size}: larger than the {n // world} train images of each of "
+                         f"the {world} processes ({settings.data_train or '--num-examples'})")
     return math.ceil(n // world / settings.batch_size)
 
 

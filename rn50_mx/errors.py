@@ -1,5 +1,7 @@
 """One error type for bad input, and the CLI wrapper that turns it into one line on stderr."""
+import os
 import sys
+import threading
 
 
 class InputError(Exception):
@@ -7,13 +9,24 @@ class InputError(Exception):
 
 
 def run_cli(main, prog):
-    """Run `main()`; an InputError or Ctrl-C ends the process with one line and a non-zero code."""
+    """Run `main()`; an InputError or Ctrl-C ends the process with one line and a non-zero code. After a failure
+    the process ends at once (its `finally` blocks have run): a worker thread blocked in a read (a FIFO, a hung
+    mount) must not keep it waiting at interpreter exit."""
     try:
         code = main()
     except InputError as err:
-        print(f"{prog}: error: {err}", file=sys.stderr)
-        sys.exit(2)
+        quit_now(f"{prog}: error: {err}", 2)
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        sys.exit(130)
+        quit_now(f"{prog}: interrupted", 130)
     sys.exit(code or 0)
+
+
+def quit_now(line, code):
+    """Print `line` on stderr and end the process with `code`, without waiting for the threads that interpreter exit
+    would wait for when there are any (otherwise as sys.exit, which a caller in the same process can catch)."""
+    print(line, file=sys.stderr)
+    if not any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.exit(code)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

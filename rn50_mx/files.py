@@ -1,6 +1,14 @@
-"""Reading a file whole and writing a small text file, with a failure as one line naming the file: the one way
-every module does either."""
+"""Reading a file whole and writing outputs, with a failure as one line naming the file: the one way every module
+does either.
+
+Every writer owns its output for the duration: an exclusive lock (flock) on PATH.lock, which a second writer meets
+with one line and which the kernel releases when the holder dies, so a killed writer never leaves a stale lock.
+The output is written under a temporary name no other writer shares (pid and random suffix) and renamed at the
+end; a failed or interrupted write removes its temporaries."""
+import contextlib
+import fcntl
 import os
+import secrets
 
 from .errors import InputError
 
@@ -14,12 +22,96 @@ def read_bytes(path):
         raise InputError(f"{path}: cannot read ({err.strerror})") from None
 
 
-def write_atomically(path, text, what=""):
-    """Write `text` under a temporary name, then rename it to `path`: a reader sees the old file or the whole new
-    one. A failure is an InputError naming `path` (and `what` it is)."""
+def os_error(path, err, doing="write"):
+    """An InputError naming `path` and the operating system's reason."""
+    return InputError(f"{path}: cannot {doing} ({err.strerror or err})")
+
+
+def lock_file(path):
+    """An open descriptor holding an exclusive flock on `path` (created when missing), or an InputError: another
+    process holds it, or `path` cannot be created (read-only or full disk, missing folder)."""
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as err:
+            raise os_error(path, err, "create") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise InputError(f"{path}: another process is writing this output now; wait for it to end or "
+                             "choose another output") from None
+        try:  # a holder that just finished removed the file we opened: lock the one at `path` now
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+_owned = set()  # the outputs this process owns now: owning one again inside is a no-op
+
+
+@contextlib.contextmanager
+def owned(path):
+    """Hold PATH.lock for the duration, so that no other writer of `path` runs at the same time. Taking it is
+    also the check that the output's folder is writable, before any work is done for it."""
+    lock = os.path.abspath(path) + ".lock"
+    if lock in _owned:
+        yield
+        return
+    fd = lock_file(lock)
+    _owned.add(lock)
     try:
-        with open(path + ".tmp", "w") as f:
-            f.write(text)
-        os.replace(path + ".tmp", path)
-    except OSError as err:
-        raise InputError(f"{path}: cannot write{' ' + what if what else ''} ({err.strerror})") from None
+        yield
+    finally:
+        _owned.discard(lock)
+        with contextlib.suppress(OSError):
+            os.remove(lock)
+        os.close(fd)
+
+
+def temp_name(path):
+    """A temporary name next to `path` that no other writer shares."""
+    return f"{path}.{os.getpid()}-{secrets.token_hex(3)}.tmp"
+
+
+def remove_quietly(*paths):
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+
+
+def refuse_existing(path, force, what="output"):
+    """An existing `path` is kept unless `force`: one line saying how to replace it."""
+    if os.path.exists(path) and not force:
+        raise InputError(f"{path}: exists; the {what} there is kept (give --force to replace it)")
+
+
+def write_atomically(path, text, what="", force=True):
+    """Write `text` under a temporary name, then rename it to `path`, owning `path` meanwhile: a reader sees the
+    old file or the whole new one. An existing `path` is kept unless `force`. A failure is an InputError naming
+    `path` (and `what` it is)."""
+    with owned(path):
+        refuse_existing(path, force, what or "file")
+        tmp = temp_name(path)
+        try:
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except OSError as err:
+            raise InputError(f"{path}: cannot write{' ' + what if what else ''} ({err.strerror})") from None
+        finally:
+            remove_quietly(tmp)
+
+
+def new_log(path):
+    """Open `path` for a log that must hold one run only: created, or an existing empty file; an existing log is
+    refused, never appended to. The returned descriptor holds an exclusive lock on the file for as long as it is
+    open (the process's life), so that a second writer is refused instead of interleaving its lines."""
+    fd = lock_file(path)
+    if os.fstat(fd).st_size:
+        os.close(fd)
+        raise InputError(f"{path}: exists and holds a log; a log holds one run only: give a new file name "
+                         "(or remove the old log)")
+    return fd

@@ -52,6 +52,7 @@ class Run:
     seed: Optional[int]
     batch_size: Optional[int]  # global_batch_size
     benchmark: Optional[str]  # submission_benchmark
+    platform: Optional[str]  # submission_platform: the system the run ran on
     unparsed_lines: int
     evals: list  # [epoch, top-1] per eval
     throughput: list  # [epoch, images/s] per epoch
@@ -109,8 +110,12 @@ def read_run(path, ruleset):
         raise InputError(f"{path}: malformed MLLOG line ({type(err).__name__}: {err})") from None
     if not lines:
         raise InputError(f"{path}: no :::MLLOG lines")
-    if not any(line.key == "run_start" for line in lines):
+    starts = sum(line.key == "run_start" for line in lines)
+    if not starts:
         raise InputError(f"{path}: no run_start in its MLLOG lines")
+    if starts > 1:
+        raise InputError(f"{path}: holds {starts} runs (run_start {starts} times); a log scores one run: give "
+                         "each run its own file")
     first, evals, speed, epoch, status = {}, [], {}, None, "missing"
     for line in lines:
         value, meta = line.value["value"], line.value["metadata"] or {}
@@ -118,6 +123,8 @@ def read_run(path, ruleset):
         if line.key in ("epoch_start", "epoch_stop"):
             epoch = meta.get("epoch_num", epoch)
         if line.key == "eval_accuracy":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise InputError(f"{path}: eval_accuracy {value!r} is not a number")
             evals.append([meta.get("epoch_num"), value])
         point_epoch, rate = images_per_second(line.key, value, meta, epoch)
         if point_epoch is not None:
@@ -125,6 +132,8 @@ def read_run(path, ruleset):
         if line.key == "run_stop":
             status = meta.get("status", "no status")
             break
+    if "resumed_from" in first:  # a resumed run's time is not one timed run's (its first part is elsewhere)
+        status = "resumed from a checkpoint"
     return Run(
         path=path,
         minutes=None if status == "missing" else result_summarizer._query_mlperf_strong_scaling_score(lines),
@@ -134,6 +143,7 @@ def read_run(path, ruleset):
         seed=first.get("seed"),
         batch_size=first.get("global_batch_size"),
         benchmark=first.get("submission_benchmark"),
+        platform=first.get("submission_platform"),
         unparsed_lines=len(unparsed),
         evals=evals,
         throughput=[[e, speed[e]] for e in sorted(speed)],
@@ -180,6 +190,9 @@ def score(runs):
     """The MLPerf score in minutes (None when there is none) and a one-line verdict saying why."""
     if len(runs) != RUNS_NEEDED:
         return None, f"no score: ResNet-50 is scored on exactly {RUNS_NEEDED} runs, got {len(runs)}"
+    mixed = mixed_runs(runs)
+    if mixed:
+        return None, f"no score: the runs are not of one system and batch size ({mixed})"
     dropped = [run for run in runs if not run.counted]
     why = "; ".join(f"{os.path.basename(run.path)}: {drop_reason(run)}" for run in dropped)
     if len(dropped) > MAX_DROPPED:
@@ -191,6 +204,16 @@ def score(runs):
     return minutes, "valid: olympic mean (fastest and slowest dropped)"
 
 
+def mixed_runs(runs):
+    """'' when every run has the same platform and global batch size; else the groups, as 'platform batch N: a, b'."""
+    groups = {}
+    for run in runs:
+        groups.setdefault(f"{run.platform} batch {run.batch_size}", []).append(os.path.basename(run.path))
+    if len(groups) == 1:
+        return ""
+    return "; ".join(f"{key}: {', '.join(names)}" for key, names in groups.items())
+
+
 def check_rcp(runs, ruleset):
     """The official RCP checker on the runs, laid out as the result_*.txt folder it expects."""
     if not os.path.isfile(recipe.rcp_file(ruleset)):
@@ -199,6 +222,8 @@ def check_rcp(runs, ruleset):
         return RcpVerdict(None, f"needs exactly {RUNS_NEEDED} runs, got {len(runs)}")
     if any(run.benchmark != BENCHMARK for run in runs):
         return RcpVerdict(None, f"every log must say submission_benchmark {BENCHMARK}")
+    if mixed_runs(runs):
+        return RcpVerdict(None, f"the runs are not of one system and batch size ({mixed_runs(runs)})")
     with tempfile.TemporaryDirectory() as folder, checkers_muted():
         for i, run in enumerate(runs, 1):
             os.symlink(os.path.abspath(run.path), os.path.join(folder, f"result_{i}.txt"))

@@ -251,7 +251,7 @@ def test_killed_pack_leaves_nothing_complete(jpeg_tree, small_rec, tmp_path, sig
     out = tmp_path / "out" / "train"
     proc = subprocess.Popen([sys.executable, "-m", "rn50_mx.prep_rec", "pack", jpeg_tree, out, "--list", lst,
                              "--workers", "1"], stderr=subprocess.PIPE, text=True)
-    while not os.path.exists(f"{out}.rec.tmp"):
+    while not (out.parent.exists() and any(name.endswith(".tmp") for name in os.listdir(out.parent))):
         assert proc.poll() is None, proc.stderr.read()
         time.sleep(0.05)
     proc.send_signal(sig)

@@ -154,7 +154,7 @@ def test_config_is_not_overwritten_unless_forced(config_dir):
     flags = ("--nodes", "1", "--gpus-per-node", "4", "--system", "FOUR")
     assert run_recipe(config_dir, *flags).returncode == 0
     again = run_recipe(config_dir, *flags)
-    assert_one_line_naming(again, "FOUR.sh: exists; pass --force")
+    assert_one_line_naming(again, "FOUR.sh: exists; the config there is kept (give --force")
     assert run_recipe(config_dir, *flags, "--force").returncode == 0
     assert sorted(os.listdir(config_dir)) == ["A100x8_common.sh", "FOUR.sh"]
     written, verdict = check_written(config_dir / "FOUR.sh")

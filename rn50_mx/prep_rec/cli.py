@@ -27,6 +27,7 @@ def parse_args(argv):
                          help="keep the sorted order (default: shuffled like im2rec, seed 100)")
     packing.add_argument("--skip-bad", action="store_true",
                          help="leave out unreadable or non-image files and count them instead of stopping")
+    packing.add_argument("--force", action="store_true", help="replace an existing packed set (default: keep it)")
 
     cmd = commands.add_parser("pack", parents=[packing], help="SRC_DIR's class folders -> OUT_PREFIX.{lst,rec,idx}")
     cmd.add_argument("src_dir")
@@ -100,7 +101,7 @@ def run(args):
         for summary in summaries:
             report(summary)
         return 0
-    options.update(shuffle=args.shuffle, skip_bad=args.skip_bad)
+    options.update(shuffle=args.shuffle, skip_bad=args.skip_bad, force=args.force)
     if args.command == "imagenet":
         pack_imagenet(args.src, args.out_dir, classes=args.classes, md5=args.check_md5,
                       keep_odd_bytes=args.keep_odd_bytes, on_split=report, **options)

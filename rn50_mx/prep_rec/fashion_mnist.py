@@ -76,7 +76,8 @@ def make_fashion_mnist(out_dir, *, size=64, train_per_class=1000, val_per_class=
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".jpegs-") as raw:
         write_fashion_mnist_jpegs("train", os.path.join(raw, "train"), size, train_per_class, root)
         write_fashion_mnist_jpegs("test", os.path.join(raw, "val"), size, val_per_class, root)
-        summaries = pack_train_val(raw, out_dir, workers=workers, progress=progress)
+        # the stamp decides whether the files there are this request's: a different request replaces them
+        summaries = pack_train_val(raw, out_dir, workers=workers, progress=progress, force=True)
     files = {name: os.path.getsize(os.path.join(out_dir, name))
              for name in sorted(os.listdir(out_dir)) if name.startswith(("train.", "val."))}
     write_atomically(stamp, json.dumps(dict(request=request, files=files), indent=1))

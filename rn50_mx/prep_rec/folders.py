@@ -21,7 +21,7 @@ def list_classes(src_dir):
     """The class folders of src_dir in sorted order, which is their label order."""
     if not os.path.isdir(src_dir):
         raise InputError(f"{src_dir}: no such directory")
-    names = sorted(entry.name for entry in os.scandir(src_dir) if entry.is_dir())
+    names = sorted(entry.name for entry in os.scandir(src_dir) if is_folder(entry))
     if not names:
         raise InputError(f"{src_dir}: no class folders (expected one sub-folder of images per class)")
     return names
@@ -31,7 +31,15 @@ def image_entries(folder):
     """The entries named like images directly inside `folder`, as os.DirEntry, in directory order. Anything but a
     folder counts: a broken link or a file that cannot be read is then named when it is read, not left out."""
     return (entry for entry in os.scandir(folder)
-            if os.path.splitext(entry.name)[1].lower() in IMAGE_EXTS and not entry.is_dir())
+            if os.path.splitext(entry.name)[1].lower() in IMAGE_EXTS and not is_folder(entry))
+
+
+def is_folder(entry):
+    """Whether an os.DirEntry is a folder; a link that cannot be followed (a loop) is not, and is named when read."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
 
 
 def image_files(folder):
@@ -82,13 +90,14 @@ def read_file(root, item):
 
 
 def pack(src_dir, out_prefix, *, shuffle=True, seed=IM2REC_SEED, workers=1, list_file=None, classes=None,
-         skip_bad=False, progress=None):
+         skip_bad=False, progress=None, force=False):
     """Pack the images of src_dir's class folders into OUT_PREFIX.{lst,rec,idx} (records.py says what they hold).
 
     list_file: pack the Items of an existing im2rec .lst in its order (paths relative to src_dir) instead of
     listing the folders; shuffle, seed and classes then do not apply.
     classes: {folder: label} instead of the sorted folder order (a val split takes train's).
     skip_bad: leave out unreadable or non-image files (counted in the summary) instead of stopping.
+    force: replace an existing OUT_PREFIX set (otherwise kept, with one line).
     """
     if list_file:
         items = read_lst(list_file)
@@ -99,7 +108,7 @@ def pack(src_dir, out_prefix, *, shuffle=True, seed=IM2REC_SEED, workers=1, list
         if shuffle:
             items = shuffled(items, seed)
     return write_records(items, out_prefix, lambda item: read_file(src_dir, item), workers=workers,
-                         skip_bad=skip_bad, progress=progress)
+                         skip_bad=skip_bad, progress=progress, force=force)
 
 
 def pack_train_val(raw_dir, out_dir, **options):

@@ -15,7 +15,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import InputError
-from ..files import read_bytes
+from ..files import read_bytes, refuse_existing
 from . import layouts, tars
 from .folders import IM2REC_SEED, shuffled
 from .images import as_rgb_jpeg, checked, odd_kind
@@ -113,9 +113,11 @@ def pack_split(entries, labels, out_prefix, *, shuffle, seed, keep_odd_bytes, **
 
 def pack_imagenet(src, out_dir, *, classes=layouts.IMAGENET_CLASSES, md5=False, keep_odd_bytes=False,
                   shuffle=True, seed=IM2REC_SEED, workers=8, progress=None, skip_bad=False, on_found=print,
-                  on_split=None):
+                  on_split=None, force=False):
     """SRC -> OUT_DIR/{val,train}.{lst,rec,idx} (val first: the small one). on_found gets the line saying which
     layout SRC holds, on_split each split's Summary when it is written. Returns the (train, val) Summaries."""
+    for split in ("val", "train"):  # before any reading: neither split replaces an existing set unasked
+        refuse_existing(os.path.join(out_dir, split) + ".rec", force, "packed set")
     if md5 and not all(os.path.isfile(os.path.join(src, name)) for name in MD5):
         raise InputError(f"{src}: --check-md5 checks the official archives {', '.join(MD5)}, which are not all here")
     if md5:
@@ -124,7 +126,8 @@ def pack_imagenet(src, out_dir, *, classes=layouts.IMAGENET_CLASSES, md5=False, 
     on_found(found.layout)
     check(found, src, classes)
     labels = {wnid: label for label, wnid in enumerate(sorted({e.wnid for e in found.train}))}
-    options = dict(shuffle=shuffle, seed=seed, keep_odd_bytes=keep_odd_bytes, workers=workers, progress=progress, skip_bad=skip_bad)
+    options = dict(shuffle=shuffle, seed=seed, keep_odd_bytes=keep_odd_bytes, workers=workers, progress=progress, skip_bad=skip_bad,
+                   force=force)
     summaries = []
     for split in ("val", "train"):
         summaries.append(pack_split(getattr(found, split), labels, os.path.join(out_dir, split), **options))

@@ -4,8 +4,9 @@
   PREFIX.rec  RecordIO written by mxnet.recordio; record = IRHeader(flag=0, label, id=index, id2=0) followed by
               the image file's bytes
   PREFIX.idx  `index<TAB>byte offset` of each record in the .rec
-The three files are written under `.tmp` names and renamed at the end (the .idx last), so an interrupted run
-never leaves a .rec/.idx pair that looks complete.
+The three files are written under temporary names of this writer alone and renamed at the end (the .idx last),
+so an interrupted run never leaves a .rec/.idx pair that looks complete; the prefix is owned meanwhile
+(rn50_mx/files.py), and an existing set is replaced only when asked (--force).
 """
 import os
 import sys
@@ -20,6 +21,7 @@ import mxnet as mx
 from tqdm import tqdm
 
 from ..errors import InputError
+from ..files import os_error, owned, refuse_existing, remove_quietly, temp_name
 
 Item = namedtuple("Item", "index label path")  # one .lst line; path is relative to the source folder
 
@@ -49,7 +51,7 @@ class Summary:
 def text_lines(path):
     """The lines of a text file, or an InputError naming it."""
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             return f.read().splitlines()
     except OSError as err:
         raise InputError(f"{path}: cannot read ({err.strerror})") from None
@@ -80,7 +82,7 @@ def read_lst(path):
 
 
 def write_lst(path, items):
-    with open(path, "w") as f:
+    with open(path, "w", encoding="utf-8") as f:
         f.writelines(f"{item.index}\t{item.label:f}\t{item.path}\n" for item in items)
 
 
@@ -107,18 +109,18 @@ def ordered_map(fn, items, workers, chunk=16):
         yield from map(fn, items)
         return
     items = iter(items)
-    with ThreadPoolExecutor(workers) as pool:
-        pending = deque()
-        try:
-            for part in iter(lambda: list(islice(items, chunk)), []):
-                pending.append(pool.submit(list, map(fn, part)))
-                if len(pending) >= 4 * workers:
-                    yield from pending.popleft().result()
-            while pending:
+    pool = ThreadPoolExecutor(workers)
+    pending = deque()
+    try:
+        for part in iter(lambda: list(islice(items, chunk)), []):
+            pending.append(pool.submit(list, map(fn, part)))
+            if len(pending) >= 4 * workers:
                 yield from pending.popleft().result()
-        finally:
-            for future in pending:
-                future.cancel()
+        while pending:
+            yield from pending.popleft().result()
+    finally:
+        # not waiting: a thread blocked in a read must not keep a stopped pack (SIGTERM, a full disk) waiting
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def progress_bar(total, desc, progress, unit="img"):
@@ -142,9 +144,24 @@ def check_prefix(out_prefix):
                          f"{os.path.join(out_prefix, 'train')}")
 
 
-def write_records(items, out_prefix, fetch, *, workers=1, skip_bad=False, progress=None, size=None):
+def check_names(items, lst):
+    """Every path must fit a .lst line (no tab, newline or carriage return) and be UTF-8 (the .lst is UTF-8):
+    found out before any record is written."""
+    for item in items:
+        try:
+            item.path.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InputError(f"{item.path.encode('utf-8', 'surrogateescape')!r}: file name is not UTF-8, which "
+                             f"{lst} cannot hold; rename the file") from None
+        if any(char in item.path for char in "\t\n\r"):
+            raise InputError(f"{item.path!r}: file name holds a tab or line break, which {lst} cannot hold; rename "
+                             "the file")
+
+
+def write_records(items, out_prefix, fetch, *, workers=1, skip_bad=False, progress=None, size=None, force=False):
     """Write a record of fetch(item)'s image bytes for each Item, in the order of `items`, to
-    OUT_PREFIX.{rec,idx,lst}, reading `workers` images at a time.
+    OUT_PREFIX.{rec,idx,lst}, reading `workers` images at a time. An existing OUT_PREFIX.rec is kept unless
+    `force`; the prefix is owned for the duration (rn50_mx/files.py), so a second writer stops with one line.
 
     fetch raises InputError for a bad image: the run stops with that line, or with skip_bad leaves the image out
     and counts it. size(item) = its bytes gives a progress bar over bytes (MB/s, images/s); else it counts images.
@@ -152,8 +169,28 @@ def write_records(items, out_prefix, fetch, *, workers=1, skip_bad=False, progre
     start = time.time()
     check_prefix(out_prefix)
     final = {ext: f"{out_prefix}.{ext}" for ext in ("rec", "idx", "lst")}
-    tmp = {ext: path + ".tmp" for ext, path in final.items()}
-    os.makedirs(os.path.dirname(os.path.abspath(out_prefix)), exist_ok=True)
+    check_names(items, final["lst"])
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(out_prefix)), exist_ok=True)
+    except OSError as err:
+        raise os_error(os.path.dirname(os.path.abspath(out_prefix)), err, "create") from None
+    with owned(final["rec"]):
+        refuse_existing(final["rec"], force, "packed set")
+        tmp = {ext: temp_name(path) for ext, path in final.items()}
+        try:
+            packed, skipped = pack_into(items, tmp, out_prefix, fetch, workers, skip_bad, progress, size, start)
+            publish(tmp, final)
+        except (OSError, mx.base.MXNetError) as err:
+            reason = err.strerror if isinstance(err, OSError) else str(err).strip().splitlines()[-1]
+            raise InputError(f"{out_prefix}.rec: cannot write ({reason})") from None
+        finally:
+            remove_quietly(*tmp.values())
+    return Summary(out_prefix, len(packed), len({item.label for item in packed}),
+                   os.path.getsize(final["rec"]), time.time() - start, tuple(skipped))
+
+
+def pack_into(items, tmp, out_prefix, fetch, workers, skip_bad, progress, size, start):
+    """The records and the .lst of write_records under the temporary names `tmp`; (packed, skipped)."""
     packed, skipped = [], []
     records = mx.recordio.MXIndexedRecordIO(tmp["idx"], tmp["rec"], "w")
     try:
@@ -172,18 +209,12 @@ def write_records(items, out_prefix, fetch, *, workers=1, skip_bad=False, progre
                     continue
                 records.write_idx(item.index, record)
                 packed.append(item)
-        records.close()
-        if not packed:
-            raise InputError(f"{out_prefix}: none of the {len(items)} listed images could be packed")
-        write_lst(tmp["lst"], packed)
-        publish(tmp, final)
     finally:
         records.close()
-        for path in tmp.values():
-            if os.path.exists(path):
-                os.remove(path)
-    return Summary(out_prefix, len(packed), len({item.label for item in packed}),
-                   os.path.getsize(final["rec"]), time.time() - start, tuple(skipped))
+    if not packed:
+        raise InputError(f"{out_prefix}: none of the {len(items)} listed images could be packed")
+    write_lst(tmp["lst"], packed)
+    return packed, skipped
 
 
 def publish(tmp, final):

@@ -1,9 +1,7 @@
 """Output: the recipe in words and as config/<NAME>.sh."""
 import math
-import os
 
 from .. import anchors
-from ..errors import InputError
 from ..files import write_atomically
 from .choosing import EVAL_PERIOD
 from .rcps import IMAGENET_TRAIN
@@ -103,6 +101,4 @@ export DGXSYSTEM
 
 def write_config(path, text, force):
     """Write through a temporary name and rename; an existing config is kept unless forced."""
-    if os.path.exists(path) and not force:
-        raise InputError(f"{path}: exists; pass --force to replace it")
-    write_atomically(path, text)
+    write_atomically(path, text, "config", force=force)

@@ -12,6 +12,7 @@ across --ranks processes (default: one per visible GPU; on the CPU 1, so CI asks
 synthetic and on real batches, and one eval over the val set. On a CPU it is the same code on the CPU.
 """
 import argparse
+import os
 import sys
 
 from .. import bind, config
@@ -29,7 +30,13 @@ def parse_args(argv):
     parser.add_argument("--ranks", type=int, default=0, help="processes for the allreduce check (0: one per GPU)")
     parser.add_argument("--steps", type=int, default=8, help="timed training steps per data source")
     parser.add_argument("--allreduce-worker", action="store_true", help=argparse.SUPPRESS)
-    return parser.parse_known_args(argv)
+    args, flags = parser.parse_known_args(argv)
+    # bounded by the machine before anything starts: one process per CPU at most (horovodrun -np 10000 otherwise)
+    if not 0 <= args.ranks <= os.cpu_count():
+        raise InputError(f"--ranks={args.ranks}: must be 0 to {os.cpu_count()} (the CPUs of this machine)")
+    if args.steps < 1:
+        raise InputError(f"--steps={args.steps}: must be at least 1")
+    return args, flags
 
 
 # --- the stack -------------------------------------------------------------------------------------------------

@@ -55,19 +55,20 @@ def tune(s, args):
     from . import hosts, search
 
     start = space.start(s, args.allow_augmentation_changes)
-    pool = hosts.Hosts(s, dist.context(s, 0))
-    try:
-        run = search.Search(pool, start, space.searched(s, args.allow_augmentation_changes), args.budget * 60,
-                            args.target, args.steps, args.rounds,
-                            progress=lambda row: print(output.row_line(row), flush=True))
-        choice = run.run()
-    finally:
-        pool.close()
-    print(output.table(run.rows, run.ceiling))
-    print(f"stopped: {run.stop}; chose {space.describe(choice)} (real/synthetic {run.rows[0].ratio:.3f} -> "
-          f"{run.ratio:.3f}) after {run.elapsed() / 60:.1f} min")
     path = os.path.join(args.out, f"{s.dgxsystem}_tuned.sh")
-    output.write_fragment(path, output.fragment(s, start, choice, (run.rows[0].ratio, run.ratio), run.stop))
+    with output.owned_fragment(path):  # the output is writable and ours before the measurement begins
+        pool = hosts.Hosts(s, dist.context(s, 0))
+        try:
+            run = search.Search(pool, start, space.searched(s, args.allow_augmentation_changes), args.budget * 60,
+                                args.target, args.steps, args.rounds,
+                                progress=lambda row: print(output.row_line(row), flush=True))
+            choice = run.run()
+        finally:
+            pool.close()
+        print(output.table(run.rows, run.ceiling))
+        print(f"stopped: {run.stop}; chose {space.describe(choice)} (real/synthetic {run.rows[0].ratio:.3f} -> "
+              f"{run.ratio:.3f}) after {run.elapsed() / 60:.1f} min")
+        output.write_fragment(path, output.fragment(s, start, choice, (run.rows[0].ratio, run.ratio), run.stop))
     return path
 
 

@@ -2,7 +2,7 @@
 import datetime
 import os
 
-from ..files import write_atomically
+from ..files import os_error, owned, write_atomically
 from . import space
 
 FRAGMENT_NOTE = """# Sourced after config/{system}.sh by run_with_docker.sh and run.sub (trials.sh's source_tuned), where a
@@ -55,7 +55,17 @@ def fragment(s, start, choice, ratios, stop):
     return "\n".join(head + [f"export {k}={v}" for k, v in space.exports(choice)]) + "\n"
 
 
+def owned_fragment(path):
+    """Own `path` (its folder created) for the search that fills it: a second tune of the same system, or an
+    unwritable folder, stops with one line before anything is measured."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:
+        raise os_error(folder, err, "create") from None
+    return owned(path)
+
+
 def write_fragment(path, text):
     """Write `text` to `path` under a temporary name, then rename: a reader never sees half a file."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     write_atomically(path, text)
