@@ -199,6 +199,8 @@ class Checkpoints:
         failure = failure or self.attempt(lambda: self.write_rank_files(tmp, pos, net, trainer, iters))
         failure = failure or self.attempt(lambda: self.d.rank == 0 and self.commit(tmp, final, pos, base_seed))
         if failure:
+            if self.d.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)  # frees what a full disk took
             raise InputError(f"{self.dir}: cannot write a checkpoint ({failure}); the previous one stays current")
         return final
 
@@ -207,8 +209,8 @@ class Checkpoints:
         error = ""
         try:
             action()
-        except OSError as err:
-            error = f"rank {self.d.rank}: {err.strerror or err}"
+        except (OSError, mx.base.MXNetError) as err:  # mx.nd.save reports a failed write as an MXNetError
+            error = f"rank {self.d.rank}: {first_line(err)}"
         failed = self.d.allreduce_sum(mx.nd.array([bool(error)], ctx=dist.HOST, dtype="int32")).asscalar()
         return (error or "on another rank") if failed else None
 
@@ -249,6 +251,11 @@ class Checkpoints:
         shutil.rmtree(final + ".replaced", ignore_errors=True)
 
 
+def first_line(err):
+    """An OSError's reason, or the last line of an MXNetError (its first lines are a C++ stack)."""
+    return getattr(err, "strerror", None) or str(err).strip().splitlines()[-1].replace("MXNetError: ", "")
+
+
 def fresh_folder(path):
     shutil.rmtree(path, ignore_errors=True)
     os.makedirs(path)
@@ -280,24 +287,29 @@ def lock(folder):
     return f
 
 
-def newest_usable(folder):
-    """Rank 0: the newest complete checkpoint that passes its checks, or None. Each one refused, and each partial
-    one left by a writer that stopped, is one line on stderr and set aside (renamed, never deleted)."""
-    for name in os.listdir(folder):
+def newest_usable(folder, set_aside=True):
+    """The newest complete checkpoint that passes its checks, or None. Each one refused is one line on stderr; with
+    set_aside (the run that holds the lock), renamed out of the way, and a partial one left by a writer that
+    stopped is removed."""
+    for name in os.listdir(folder) if set_aside else ():
         if name.startswith(".tmp-"):
             shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
             print(f"rn50_mx: {os.path.join(folder, name)}: a partial checkpoint (its writer stopped): removed",
                   file=sys.stderr)
-    found = complete(folder)
+    found, refused = complete(folder), []
     for path in reversed(found):
         why = problem(path)
         if why is None:
+            for bad, reason in refused:
+                if set_aside:
+                    os.rename(bad, bad + ".refused")
+                print(f"rn50_mx: {bad}: refused ({reason}){'; renamed *.refused' if set_aside else ''}; using "
+                      f"{os.path.basename(path)}", file=sys.stderr)
             return path
-        os.rename(path, path + ".refused")
-        print(f"rn50_mx: {path}: refused ({why}); renamed to {os.path.basename(path)}.refused, using the previous "
-              "checkpoint", file=sys.stderr)
-    if found:
-        raise InputError(f"--checkpoint-dir {folder}: no usable checkpoint among {len(found)} (see above)")
+        refused.append((path, why))
+    if refused:
+        raise InputError(f"--checkpoint-dir {folder}: no usable checkpoint: " +
+                         "; ".join(f"{os.path.basename(p)} ({why})" for p, why in refused))
     return None
 
 
@@ -352,6 +364,6 @@ def save_model(net, path):
         for suffix in ("-0000.params", "-symbol.json"):
             fsync_path(tmp + suffix)
             os.replace(tmp + suffix, path + suffix)
-    except OSError as err:
-        raise InputError(f"--save-model {path}: cannot write ({err.strerror or err})") from None
+    except (OSError, mx.base.MXNetError) as err:
+        raise InputError(f"--save-model {path}: cannot write ({first_line(err)})") from None
     return path + "-0000.params", path + "-symbol.json"
