@@ -50,6 +50,7 @@ RESUMABLE_EXIT = 75  # the exit status of a resumable stop (EX_TEMPFAIL), which 
 KEPT = 2  # complete checkpoints kept: the newest and the one before it
 # Settings that do not change what a run computes; every other one must match the checkpoint's. The world size is
 # compared instead of the node and GPU counts.
+FINISHED = "finished"  # written when the run ends with run_stop: its checkpoints are not to be resumed
 FREE = {"checkpoint_dir", "checkpoint_every", "save_model", "mllog_file", "disp_batches", "exit_timeout",
         "cache_cleared", "submission_org", "dgxsystem", "dgxnnodes", "dgxngpu", "seed"}
 
@@ -149,6 +150,10 @@ class Checkpoints:
     def __init__(self, s, d):
         self.s, self.d, self.dir = s, d, s.checkpoint_dir
         self.lock = lock(self.dir) if d.rank == 0 else None
+        if d.rank == 0 and os.path.exists(os.path.join(self.dir, FINISHED)):
+            with open(os.path.join(self.dir, FINISHED)) as f:
+                raise InputError(f"--checkpoint-dir {self.dir}: the run there has ended ({f.read().strip()}); give "
+                                 "another folder (python -m rn50_mx.evaluate --checkpoint-dir reads it)")
         self.resume = agree(d, self.dir)  # the folder of the newest usable checkpoint, or None
         self.meta = read_meta(self.resume) if self.resume else None
         if self.meta:
@@ -203,6 +208,11 @@ class Checkpoints:
                 shutil.rmtree(tmp, ignore_errors=True)  # frees what a full disk took
             raise InputError(f"{self.dir}: cannot write a checkpoint ({failure}); the previous one stays current")
         return final
+
+    def finish(self, status):
+        """Rank 0, after run_stop: mark the folder so that no later run resumes a run that has ended."""
+        if self.d.rank == 0:
+            write_bytes(os.path.join(self.dir, FINISHED), f"run_stop {status}\n".encode())
 
     def attempt(self, action):
         """Run `action` on this rank; the first rank's failure, as text, on every rank (None when all succeeded)."""
@@ -345,6 +355,12 @@ class Stops:
         pending = self.pending
         self.pending = self.d.allreduce_sum(mx.nd.array([self.asked], ctx=dist.HOST, dtype="int32"))
         return pending is not None and pending.asscalar() > 0
+
+
+def default_signals():
+    """After training: SIGTERM and SIGUSR1 end the process at once again (its teardown has nothing to save)."""
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 class NoStops:

@@ -229,10 +229,14 @@ def train_on(s, d, ctx, base_seed, seed, saver):
         saver.attach(net, trainer, {"train": train_it, "val": val_it}, steps, base_seed)
     pos = saver.restore() if saver else checkpoint.Position()
     status = fit(s, d, net, loss_fn, trainer, train_it, val_it, pos, saver)
+    if saver:
+        checkpoint.default_signals()
     mx.nd.waitall()  # the last update's allreduces: a rank that exits with collectives queued fails its peers'
     if status == checkpoint.RESUMABLE:
         return status
     log.end(K.RUN_STOP, metadata={K.STATUS: status})
+    if saver:
+        saver.finish(status)
     if s.save_model and d.rank == 0:
         say(d, "model: " + ", ".join(checkpoint.save_model(net, s.save_model)))
     return status
