@@ -152,6 +152,14 @@ class Settings:
     cache_cleared: bool = _opt(False, "the launcher dropped the page cache before this run (logged as cache_clear)",
                                env="CACHE_CLEARED")
     mllog_file: str = _opt("", "also write the MLPerf log to this file", env="MLLOG_FILE")
+    checkpoint_dir: str = _opt("", "folder of the run's checkpoints: a run started on one that holds a checkpoint "
+                               "resumes from it exactly; SIGTERM or SIGUSR1 then write one and stop (exit 75); "
+                               "empty = no checkpoints, signals end the run at once", env="RN50_CHECKPOINT_DIR")
+    checkpoint_every: int = _opt(0, "with --checkpoint-dir: also write a checkpoint every N epochs (0 = only when "
+                                 "a signal asks the run to stop)", env="RN50_CHECKPOINT_EVERY", low=0)
+    save_model: str = _opt("", "when the run ends, write its final parameters and hybridized symbol as "
+                           "PATH-0000.params and PATH-symbol.json (for python -m rn50_mx.evaluate --model PATH)",
+                           env="RN50_SAVE_MODEL")
     submission_org: str = _opt("rn50-mx", "MLPerf submission_org", env="SUBMISSION_ORG")
     dgxsystem: str = _opt("CPU", "system name, as in config/<SYSTEM>.sh", env="DGXSYSTEM")
     dgxnnodes: int = _opt(1, "number of nodes", env="DGXNNODES", low=1)
@@ -278,6 +286,8 @@ def validate(s, origins=None):
     if origins.get("omp_num_threads") == "flag":
         raise SettingsError("--omp-num-threads: MXNet reads OMP_NUM_THREADS when it loads, before any flag is "
                             "parsed: set the variable instead")
+    if s.checkpoint_every and not s.checkpoint_dir:
+        raise SettingsError(f"{src('checkpoint_every')}={s.checkpoint_every}: needs {src('checkpoint_dir')}")
     if (s.dgxngpu > 1 or s.dgxnnodes > 1) and s.kv_store != "horovod":
         raise SettingsError(f"{src('kv_store')}={s.kv_store}: {s.dgxnnodes} node(s) x {s.dgxngpu} processes "
                             "need horovod")

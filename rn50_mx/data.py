@@ -224,11 +224,13 @@ def nvjpeg_knobs(s):
                 affine=False)
 
 
-def build_pipeline(s, rec, idx, train, shard, world, seed, device_id):
+def build_pipeline(s, rec, idx, train, shard, world, seed, device_id, checkpoint=None):
     """The DALI pipeline of one split, reading shard `shard` of `world` first. device_id None runs everything on
-    the CPU."""
+    the CPU. With --checkpoint-dir DALI tracks its operators' states (Pipeline.checkpoint()); `checkpoint`, such a
+    state, makes the pipeline continue from it."""
     pipe = Pipeline(batch_size=s.batch_size, num_threads=s.dali_threads, device_id=device_id, seed=seed,
-                    prefetch_queue_depth=s.dali_prefetch_queue, exec_dynamic=True)  # see to_ndarray
+                    prefetch_queue_depth=s.dali_prefetch_queue, exec_dynamic=True,  # see to_ndarray
+                    enable_checkpointing=bool(s.checkpoint_dir), checkpoint=checkpoint)
     with pipe:
         pipe.set_outputs(*graph(s, rec, idx, train, shard, world, gpu=device_id is not None))
     return pipe
@@ -336,6 +338,14 @@ class BatchIter(mx.io.DataIter):
     def reset(self):
         self.position, self.wait_seconds = 0, 0.0
 
+    def state(self):
+        """(what a checkpoint keeps of this iterator as a dict for JSON, the bytes of its pipeline's state or None)."""
+        return {"position": self.position}, None
+
+    def restore(self, state, pipeline_state):
+        """Continue from a `state()` of an iterator of the same settings."""
+        self.position = state["position"]
+
     def next(self):
         if self.position == len(self.pads):
             raise StopIteration
@@ -364,6 +374,7 @@ class DaliIter(BatchIter):
         self.build, self.pipe, self.rec, self.idx, self.skip = build, pipe, rec, idx, skip
         self.num_classes, self.index, self.skipped, self.epochs, self.scratch = s.num_classes, idx, [], 0, None
         self.in_use, self.keep = collections.deque(), s.dali_prefetch_queue + KEEP_BEYOND_PREFETCH
+        self.built_epochs = 0  # the `epochs` argument the pipeline in use was built with
 
     def reset(self):
         """Finish a partly read epoch first, so that the next one starts at the shard boundary again."""
@@ -384,6 +395,24 @@ class DaliIter(BatchIter):
         self.scratch = self.scratch or tempfile.TemporaryDirectory(prefix="rn50_mx_idx_")
         self.index = index_without(self.idx, set(self.skipped), os.path.join(self.scratch.name, "kept.idx"))
         self.pipe = self.build(self.index, len(self.skipped), self.epochs)
+        self.built_epochs = self.epochs
+
+    def state(self):
+        """The position, the records skipped so far and the pipeline's own state (DALI's checkpoint: reader
+        position and shuffle buffer, every random operator's generator)."""
+        return ({"position": self.position, "epochs": self.epochs, "skipped": self.skipped,
+                 "built_epochs": self.built_epochs}, self.pipe.checkpoint())
+
+    def restore(self, state, pipeline_state):
+        """Continue from a `state()`: the pipeline is rebuilt exactly as the one that was saved (index without the
+        skipped records, seed, first shard), since DALI's state restored into a pipeline with another shard, batch
+        or shuffle buffer yields other data without a word, then restored from `pipeline_state`."""
+        self.position, self.epochs, self.built_epochs = state["position"], state["epochs"], state["built_epochs"]
+        self.skipped = list(state["skipped"])
+        if self.skipped:
+            self.scratch = self.scratch or tempfile.TemporaryDirectory(prefix="rn50_mx_idx_")
+            self.index = index_without(self.idx, set(self.skipped), os.path.join(self.scratch.name, "kept.idx"))
+        self.pipe = self.build(self.index, len(self.skipped), self.built_epochs, pipeline_state)
 
     def produce(self):
         while True:
@@ -441,12 +470,12 @@ def dali_iter(s, train, rank, world, seed, ctx):
     if s.dali_cache_size and s.device != "gpu":
         raise InputError("--dali-cache-size: the decoded-image cache is a GPU decoder feature (--device gpu)")
 
-    def build(index, attempt, epochs):
+    def build(index, attempt, epochs, checkpoint=None):
         """attempt > 0: after a skipped record, with another shuffle than the pipeline that failed, from the shard
-        this rank reads in epoch `epochs` (0-based)."""
+        this rank reads in epoch `epochs` (0-based); `checkpoint`: a saved state of such a pipeline."""
         shard = rank if sticks_to_shard(s, train) else (rank + epochs) % world
         pipe = build_pipeline(s, rec, index, train, shard, world, seed + attempt,
-                              ctx.device_id if ctx.device_type == "gpu" else None)
+                              ctx.device_id if ctx.device_type == "gpu" else None, checkpoint)
         with data_errors(rec, index):
             pipe.build()
         return pipe

@@ -58,11 +58,12 @@ class Run:
     throughput: list  # [epoch, images/s] per epoch
     compliance: str = ""  # SUCCESS / FAILED
     compliance_reason: str = ""  # the checker's first complaint, on one line
+    resumed: bool = False  # the log holds resumed_from: the rules time one uninterrupted run
 
     @property
     def counted(self):
         """Whether the score counts this run; otherwise it is dropped as the slowest."""
-        return self.status == "success" and self.compliance == "SUCCESS"
+        return self.status == "success" and self.compliance == "SUCCESS" and not self.resumed
 
 
 @dataclass
@@ -147,6 +148,7 @@ def read_run(path, ruleset):
         unparsed_lines=len(unparsed),
         evals=evals,
         throughput=[[e, speed[e]] for e in sorted(speed)],
+        resumed=any(line.key == "resumed_from" for line in lines),
     )
 
 
@@ -183,6 +185,8 @@ def check_compliance(path, ruleset):
 
 def drop_reason(run):
     """Why the score drops this run."""
+    if run.resumed:
+        return "resumed from a checkpoint (not one uninterrupted run)"
     return f"run_stop {run.status}" if run.status != "success" else "failed the compliance check"
 
 

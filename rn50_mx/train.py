@@ -21,9 +21,9 @@ import mxnet as mx
 import numpy as np
 from mlperf_logging.mllog import constants as K
 
-from . import config, data, dist, model, optim
+from . import checkpoint, config, data, dist, model, optim
 from . import mlperf_log as log
-from .errors import run_cli
+from .errors import InputError, run_cli
 
 
 def train_step(net, loss_fn, trainer, batch):
@@ -36,22 +36,29 @@ def train_step(net, loss_fn, trainer, batch):
     return loss.sum()
 
 
-def train_epoch(net, loss_fn, trainer, train_it, epoch, s):
-    """One pass over the local shard; returns (images/s, data-wait share, mean loss)."""
-    log.start(K.EPOCH_START, metadata={K.EPOCH_NUM: epoch + 1})
-    train_it.reset()
+def train_epoch(net, loss_fn, trainer, train_it, pos, s, stops):
+    """The local shard's pass of epoch `pos.epoch` from step `pos.step` (0, or where a resumed run stopped); returns
+    (images/s, data-wait share, mean loss), or None when the ranks agreed to stop (`pos` says where)."""
+    epoch, steps = pos.epoch, train_it.steps_per_epoch
+    if pos.step == 0:
+        log.start(K.EPOCH_START, metadata={K.EPOCH_NUM: epoch + 1})
+        train_it.reset()
     tic = time.time()
-    loss_sum, images = mx.nd.zeros(1, ctx=train_it.context), 0
-    for i, batch in enumerate(train_it):
+    loss_sum, images, resumed = mx.nd.array([pos.loss], ctx=train_it.context), pos.images, pos.images
+    for batch in train_it:
         loss_sum += train_step(net, loss_fn, trainer, batch)
         images += batch.data[0].shape[0]
-        if (i + 1) % s.disp_batches == 0 and log.is_rank0():
+        pos.step = train_it.position
+        if pos.step % s.disp_batches == 0 and log.is_rank0():
             loss_sum.wait_to_read()  # the engine runs behind Python: wait for it, or the speed is fiction
-            progress(epoch, i + 1, train_it.steps_per_epoch, images / (time.time() - tic), trainer.learning_rate)
+            progress(epoch, pos.step, steps, (images - resumed) / (time.time() - tic), trainer.learning_rate)
+        if stops.agreed(epoch * steps + pos.step):
+            pos.loss, pos.images = float(loss_sum.asscalar()), images
+            return None
     mean_loss = loss_sum.asscalar() / max(images, 1)  # the one sync point of the epoch
     seconds = time.time() - tic
     log.end(K.EPOCH_STOP, metadata={K.EPOCH_NUM: epoch + 1})
-    return images / seconds, train_it.wait_seconds / seconds, mean_loss
+    return (images - resumed) / seconds, train_it.wait_seconds / seconds, mean_loss
 
 
 def evaluate(net, val_it, d, epoch):
@@ -92,28 +99,49 @@ def eval_epochs(s):
     return sorted(scheduled | ({s.epoch_limit - 1} if s.eval_last_epoch else set()))
 
 
-def fit(s, d, net, loss_fn, trainer, train_it, val_it):
-    """Epochs in blocks that end with an eval; returns the run_stop status. Training stops after the last eval:
+def fit(s, d, net, loss_fn, trainer, train_it, val_it, pos, saver):
+    """Epochs in blocks that end with an eval, from `pos` (a resumed run's Position, or a new one); returns the
+    run_stop status, or checkpoint.RESUMABLE after a stop the ranks agreed on. Training stops after the last eval:
     epochs no eval would judge cannot change the outcome (the reference trained them, then aborted)."""
-    evals, first = eval_epochs(s), 0
+    evals = eval_epochs(s)
     last = evals[-1] if evals and val_it is not None else s.epoch_limit - 1
-    for epoch in range(last + 1):
-        if epoch == first:
-            count = next(e for e in evals if e >= first) - first + 1 if evals else s.epoch_limit
-            log.start(K.BLOCK_START, metadata={K.FIRST_EPOCH_NUM: first + 1, K.EPOCH_COUNT: count})
-        speed, wait, loss = train_epoch(net, loss_fn, trainer, train_it, epoch, s)
+    stops = checkpoint.Stops(d) if saver else checkpoint.NoStops()
+    for epoch in range(pos.epoch, last + 1):
+        pos.epoch = epoch
+        if epoch == pos.first and pos.step == 0:
+            count = next(e for e in evals if e >= pos.first) - pos.first + 1 if evals else s.epoch_limit
+            log.start(K.BLOCK_START, metadata={K.FIRST_EPOCH_NUM: pos.first + 1, K.EPOCH_COUNT: count})
+        result = train_epoch(net, loss_fn, trainer, train_it, pos, s, stops)
+        if result is None:
+            return stop_resumable(d, saver, pos)
+        speed, wait, loss = result
         log.event("throughput", speed * d.size, metadata={K.EPOCH_NUM: epoch + 1})
         line = f"epoch {epoch + 1}: {speed * d.size:.1f} img/s, data wait {wait:.1%}, loss {loss:.4f}"
         if epoch in evals and val_it is not None:
             top1, top5, n = evaluate(net, val_it, d, epoch)
             line += f", top-1 {top1:.4f}, top-5 {top5:.4f} ({n} images)"
-            log.end(K.BLOCK_STOP, metadata={K.FIRST_EPOCH_NUM: first + 1})
-            first = epoch + 1
+            log.end(K.BLOCK_STOP, metadata={K.FIRST_EPOCH_NUM: pos.first + 1})
+            pos.first = epoch + 1
             if top1 >= s.accuracy_threshold:
                 say(d, line)
                 return K.SUCCESS
         say(d, line)
+        pos.epoch, pos.step, pos.loss, pos.images = epoch + 1, 0, 0.0, 0
+        if saver and saver.periodic(epoch) and epoch < last:
+            try:
+                say(d, f"checkpoint: {saver.save(pos)}")
+            except InputError as err:  # the run goes on: the previous checkpoint stays current
+                say(d, f"rn50_mx: {err}")
     return K.ABORTED
+
+
+def stop_resumable(d, saver, pos):
+    """A checkpoint at the step the ranks agreed on, and the MLPerf line that says the run can be resumed."""
+    folder = saver.save(pos)
+    log.event("resumable_stop", folder, metadata={K.EPOCH_NUM: pos.epoch + 1, "step": pos.step})
+    say(d, f"stopped at epoch {pos.epoch + 1} step {pos.step}: resume from {folder}")
+    d.barrier()  # no rank exits before the checkpoint is current: a launcher ends every rank when one exits
+    return checkpoint.RESUMABLE
 
 
 def rank_seed(s, d):
@@ -162,19 +190,25 @@ def arm_exit_alarm(seconds):
 
 
 def run(s):
-    """The whole timed run; returns the run_stop status."""
+    """The whole timed run; returns the run_stop status, or checkpoint.RESUMABLE."""
     d = dist.init(s)
+    saver = checkpoint.Checkpoints(s, d) if s.checkpoint_dir else None
+    if saver and saver.meta and s.seed is None:  # the resumed run draws from the seed the checkpoint's run drew
+        s = s.replace(seed=saver.meta["seed"])
     log.configure(d.rank, s.mllog_file)
     log.start(K.INIT_START, every_rank=True)
+    if saver and saver.meta:
+        log.event("resumed_from", saver.resume, metadata={K.EPOCH_NUM: saver.meta["epoch"] + 1,
+                                                          "step": saver.meta["step"]})
     log.submission(s)
     base_seed, seed = rank_seed(s, d)
     log.event(K.SEED, base_seed)
     ctx = dist.context(s, d.local_rank)
     with ctx:  # an array made without an explicit context lands on the run's device, never on cpu(0) by default
-        return train_on(s, d, ctx, seed)
+        return train_on(s, d, ctx, base_seed, seed, saver)
 
 
-def train_on(s, d, ctx, seed):
+def train_on(s, d, ctx, base_seed, seed, saver):
     """Build, warm up, run_start, train and evaluate on `ctx`; returns the run_stop status."""
     net = model.build_model(s, ctx)
     for name, param in net.collect_params().items():  # the 161 tensors rulesets 1.1-2.1 require by name
@@ -194,9 +228,20 @@ def train_on(s, d, ctx, seed):
     assert train_it.steps_per_epoch == steps
     log.event(K.TRAIN_SAMPLES, train_it.num_samples)
     log.event(K.EVAL_SAMPLES, val_it.num_samples if val_it else 0)
-    status = fit(s, d, net, loss_fn, trainer, train_it, val_it)
+    if saver:
+        saver.attach(net, trainer, {"train": train_it, "val": val_it}, steps, base_seed)
+    pos = saver.restore() if saver else checkpoint.Position()
+    status = fit(s, d, net, loss_fn, trainer, train_it, val_it, pos, saver)
+    if saver:
+        checkpoint.default_signals()
     mx.nd.waitall()  # the last update's allreduces: a rank that exits with collectives queued fails its peers'
+    if status == checkpoint.RESUMABLE:
+        return status
     log.end(K.RUN_STOP, metadata={K.STATUS: status})
+    if saver:
+        saver.finish(status)
+    if s.save_model and d.rank == 0:
+        say(d, "model: " + ", ".join(checkpoint.save_model(net, s.save_model)))
     return status
 
 
@@ -214,9 +259,9 @@ def main():
         print(config.help_text())
         return 0
     settings = config.load(sys.argv[1:])
-    run(settings)
+    status = run(settings)
     arm_exit_alarm(settings.exit_timeout)
-    return 0
+    return checkpoint.RESUMABLE_EXIT if status == checkpoint.RESUMABLE else 0
 
 
 if __name__ == "__main__":

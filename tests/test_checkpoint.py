@@ -1,0 +1,414 @@
+"""Checkpoints and exact resumes, on real runs of `python -m rn50_mx.train` (1 process, and 2 Gloo ranks under
+horovodrun) with real signals: a run SIGKILLed at a random step after a checkpoint and a run SIGTERMed mid-epoch,
+both resumed, end with parameters bit-identical to the uninterrupted run's, with the same losses and evals from the
+resume point on. Then every refusal: other settings, partial and corrupt checkpoints, a second run on the folder, a
+full disk, bad values; and `python -m rn50_mx.evaluate` on the saved model and on a checkpoint.
+
+Tiny on purpose (24 images of 32x32 in batches of 4: 6 steps an epoch, 2 epochs); the uninterrupted run of each world
+size is shared by the tests.
+"""
+import os
+import pickle
+import random
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import mxnet as mx
+import numpy as np
+import psutil
+import pytest
+
+from conftest import assert_one_line_naming
+from rn50_mx import checkpoint, config, model, optim, prep_rec, timing
+from rn50_mx.config import Settings
+from test_train import clean_environ, events, values
+
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+STEPS = 6  # per epoch: 24 images, batch 4 (2 ranks: batch 2 each)
+FLAGS = dict(num_classes=3, image_shape="3,32,32", batch_size=4, num_examples=24, num_epochs=2, warmup_epochs=1,
+             lr=0.5, eval_offset=0, eval_period=1, min_random_area=0.3, dali_threads=1, seed=7, disp_batches=1,
+             accuracy_threshold=1.0)
+EPOCH_LINE = re.compile(r"^(?:\[0\]<stdout>:)?epoch (\d+): .*?(loss .*)$", re.M)  # without img/s and data wait
+
+
+@pytest.fixture(scope="module")
+def recs(tmp_path_factory):
+    """(train .rec, val .rec): 3 Fashion-MNIST classes x 8 photographs; val: 4 of each with their labels."""
+    root = tmp_path_factory.mktemp("ckpt_data")
+    prep_rec.write_fashion_mnist_jpegs("train", str(root / "train"), size=32, per_class=8)
+    for name in sorted(os.listdir(root / "train")):
+        if name not in ("1_trouser", "5_sandal", "8_bag"):
+            shutil.rmtree(root / "train" / name)
+        else:
+            os.makedirs(root / "val" / name)
+            for image in sorted(os.listdir(root / "train" / name))[:4]:
+                shutil.copy(root / "train" / name / image, root / "val" / name / image)
+    prep_rec.pack(str(root / "train"), str(root / "train_rec"))
+    prep_rec.pack(str(root / "val"), str(root / "val_rec"), shuffle=False)
+    return str(root / "train_rec.rec"), str(root / "val_rec.rec")
+
+
+def argv(recs, ranks, **changes):
+    flags = dict(FLAGS, data_train=recs[0], data_val=recs[1], **changes)
+    if ranks == 2:
+        flags.update(batch_size=FLAGS["batch_size"] // 2, kv_store="horovod")
+    return [f"{config.flag_name(k)}={v}" for k, v in flags.items()]
+
+
+def start(recs, ranks, out, **changes):
+    """The training run in its own session (1 process, or horovodrun with 2), its output to `out`."""
+    command = [sys.executable, "-m", "rn50_mx.train", *argv(recs, ranks, **changes)]
+    if ranks == 2:
+        command = [HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2", *command]
+    with open(out, "w") as f:
+        return subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT, env=clean_environ(),
+                                start_new_session=True)
+
+
+def finish(proc, out, code=0, timeout=300):
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = open(out).read()
+    assert proc.returncode == code, text[-3000:]
+    return text
+
+
+def wait_for(proc, out, pattern, timeout=240):
+    deadline = time.time() + timeout
+    while not re.search(pattern, open(out).read(), re.M):
+        if proc.poll() is not None or time.time() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            pytest.fail(f"never saw {pattern!r}: " + open(out).read()[-3000:])
+        time.sleep(0.1)
+
+
+def run(recs, ranks, out, code=0, **changes):
+    return finish(start(recs, ranks, out, **changes), out, code)
+
+
+def params(prefix):
+    return mx.nd.load(prefix + "-0000.params")
+
+
+def assert_same_params(prefix, reference):
+    ours, theirs = params(prefix), params(reference)
+    assert ours.keys() == theirs.keys() and len(ours) > 200
+    for name in ours:
+        assert np.array_equal(ours[name].asnumpy(), theirs[name].asnumpy()), name
+
+
+def epoch_lines(text):
+    """{epoch: 'loss ..., top-1 ..., top-5 ... (N images)'} of rank 0's output."""
+    return {int(e): rest for e, rest in EPOCH_LINE.findall(text)}
+
+
+def rank_pid(proc, rank):
+    """The pid of rank `rank`'s python under a launcher (or the launcher itself for one process)."""
+    if rank is None:
+        return proc.pid
+    for p in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            if "rn50_mx.train" in p.cmdline() and p.environ().get("HOROVOD_RANK") == str(rank):
+                return p.pid
+        except psutil.NoSuchProcess:
+            pass
+    raise AssertionError("no rank process")
+
+
+_uninterrupted = {}
+
+
+@pytest.fixture(params=[1, 2], ids=["1 rank", "2 ranks"])
+def uninterrupted(request, recs, tmp_path_factory):
+    """(ranks, stdout, model prefix, MLPerf log) of the run nothing stops, without checkpoints: one per world size."""
+    return uninterrupted_run(request.param, recs, tmp_path_factory)
+
+
+def uninterrupted_run(ranks, recs, tmp_path_factory):
+    if ranks not in _uninterrupted:
+        folder = tmp_path_factory.mktemp(f"uninterrupted{ranks}")
+        log, prefix = str(folder / "mlperf.log"), str(folder / "model")
+        text = run(recs, ranks, folder / "out.txt", mllog_file=log, save_model=prefix)
+        _uninterrupted[ranks] = ranks, text, prefix, log
+    return _uninterrupted[ranks]
+
+
+def resume_and_compare(recs, uninterrupted, tmp_path, folder, resumed_epoch):
+    """Resume from `folder`; the final parameters, and the epoch lines from `resumed_epoch` on, equal the
+    uninterrupted run's. Returns the resumed run's MLPerf log."""
+    ranks, reference, prefix, _ = uninterrupted
+    log = str(tmp_path / "resumed.log")
+    text = run(recs, ranks, tmp_path / "resumed.txt", checkpoint_dir=folder, mllog_file=log,
+               save_model=tmp_path / "resumed")
+    assert_same_params(str(tmp_path / "resumed"), prefix)
+    ours, theirs = epoch_lines(text), epoch_lines(reference)
+    assert sorted(ours) == list(range(resumed_epoch, FLAGS["num_epochs"] + 1)), text[-3000:]
+    assert all(ours[e] == theirs[e] for e in ours), (ours, theirs)
+    return log
+
+
+@pytest.mark.slow
+def test_a_run_killed_after_a_checkpoint_resumes_exactly(recs, uninterrupted, tmp_path):
+    """--checkpoint-every 1, SIGKILL to the whole job at a random step of epoch 2 (after epoch 1's checkpoint)."""
+    ranks = uninterrupted[0]
+    folder, out = str(tmp_path / "ckpt"), tmp_path / "killed.txt"
+    proc = start(recs, ranks, out, checkpoint_dir=folder, checkpoint_every=1)
+    wait_for(proc, out, rf"epoch 2 step {random.randint(1, STEPS - 1)}/{STEPS}")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert sorted(os.listdir(folder)) == ["lock", f"step-{STEPS}"]
+    log = resume_and_compare(recs, uninterrupted, tmp_path, folder, resumed_epoch=2)
+    assert values(events(log), "resumed_from", "epoch_num") == [2]
+    if ranks == 1:  # the run has ended: its folder is not resumed again
+        train_refused(recs, folder, "the run there has ended (run_stop aborted)")
+    assert values(events(log), "eval_accuracy") == values(events(uninterrupted[3]), "eval_accuracy")[1:]
+
+
+@pytest.mark.slow
+def test_a_run_stopped_by_sigterm_mid_epoch_resumes_exactly(recs, uninterrupted, tmp_path):
+    """SIGTERM (to rank 0 only: rank 1 stops at the same step) early in epoch 1: the ranks agree at a check 4 to 8
+    steps later, mid-epoch 2 (step 8 = epoch 2 step 2), write a checkpoint, log resumable_stop and exit 75. Rank 0's
+    Python waits for each step (a progress line a step), so the signal lands before its check at step 4; rank 1's
+    may run up to a check period ahead, where a signal to it would land a period later."""
+    ranks = uninterrupted[0]
+    folder, out, log = str(tmp_path / "ckpt"), tmp_path / "stopped.txt", str(tmp_path / "mlperf.log")
+    proc = start(recs, ranks, out, checkpoint_dir=folder, mllog_file=log)
+    wait_for(proc, out, rf"epoch 1 step 1/{STEPS}")
+    os.kill(rank_pid(proc, 0 if ranks == 2 else None), signal.SIGTERM)
+    text = finish(proc, out, code=1 if ranks == 2 else checkpoint.RESUMABLE_EXIT)  # horovodrun exits 1: the log says
+    assert "stopped at epoch 2 step 2" in text, text[-3000:]
+    stopped = events(log)
+    assert values(stopped, "resumable_stop", "step") == [2] and values(stopped, "run_stop") == []
+    assert sorted(os.listdir(folder)) == ["lock", f"step-{STEPS + 2}"]
+    resumed = resume_and_compare(recs, uninterrupted, tmp_path, folder, resumed_epoch=2)
+    keys = [key for key, _, _ in events(resumed)]
+    assert keys[keys.index("init_start") + 1] == "resumed_from" and "epoch_start" not in keys  # epoch 2 was begun
+    assert timing.read_run(resumed, "1.0.0").resumed
+
+
+# --- refusals -----------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def two_checkpoints(recs, tmp_path_factory):
+    """A folder with the checkpoints after epoch 1 (step 6) and at step 8 (SIGTERM), 1 process."""
+    tmp = tmp_path_factory.mktemp("two")
+    folder, out = str(tmp / "ckpt"), tmp / "out.txt"
+    proc = start(recs, 1, out, checkpoint_dir=folder, checkpoint_every=1)
+    wait_for(proc, out, rf"epoch 1 step 1/{STEPS}")
+    proc.send_signal(signal.SIGTERM)
+    finish(proc, out, code=checkpoint.RESUMABLE_EXIT)
+    assert sorted(os.listdir(folder)) == ["lock", f"step-{STEPS}", f"step-{STEPS + 2}"]
+    return folder
+
+
+def copy_of(folder, tmp_path):
+    return shutil.copytree(folder, tmp_path / "copy")
+
+
+def train_refused(recs, folder, name, **changes):
+    result = subprocess.run([sys.executable, "-m", "rn50_mx.train", *argv(recs, 1, checkpoint_dir=folder, **changes)],
+                            env=clean_environ(), capture_output=True, text=True, timeout=120)
+    assert_one_line_naming(result, name)
+    return result
+
+
+@pytest.mark.slow
+def test_other_settings_are_refused_naming_each_difference(recs, two_checkpoints, tmp_path):
+    result = train_refused(recs, copy_of(two_checkpoints, tmp_path), "written with other settings",
+                           batch_size=2, seed=8, dali_initial_fill=16)
+    line = result.stderr
+    for difference in ("--batch-size 2 (checkpoint: 4)", "--seed 8 (checkpoint: 7)",
+                       "--dali-initial-fill 16 (checkpoint: 1024)"):
+        assert difference in line, line
+    assert "--lr" not in line and "init_start" not in result.stdout  # refused before any work
+
+
+@pytest.mark.slow
+def test_a_corrupt_or_partial_checkpoint_is_refused_and_the_previous_one_used(recs, two_checkpoints, tmp_path,
+                                                                              tmp_path_factory):
+    reference = uninterrupted_run(1, recs, tmp_path_factory)[2]
+    folder = str(copy_of(two_checkpoints, tmp_path))
+    newest = os.path.join(folder, f"step-{STEPS + 2}")
+    with open(os.path.join(newest, "params"), "r+b") as f:  # one flipped bit
+        f.seek(5000)
+        byte = f.read(1)
+        f.seek(5000)
+        f.write(bytes([byte[0] ^ 1]))
+    shutil.copytree(newest, os.path.join(folder, ".tmp-step-10"))  # a writer that stopped
+    proc = start(recs, 1, tmp_path / "out.txt", checkpoint_dir=folder, save_model=tmp_path / "model")
+    text = finish(proc, tmp_path / "out.txt")
+    refusals = [line for line in text.splitlines() if line.startswith("rn50_mx: ")]
+    assert len(refusals) == 2, refusals
+    assert refusals[0].endswith(".tmp-step-10: a partial checkpoint (its writer stopped): removed")
+    assert refusals[1].endswith(f"step-{STEPS + 2}: refused (params is corrupt (CRC-32 differs)); renamed *.refused; "
+                                f"using step-{STEPS}")
+    assert_same_params(str(tmp_path / "model"), reference)  # resumed from step 6: still exact
+
+
+HOLDS_THE_LOCK = """
+import sys, time
+from rn50_mx import checkpoint
+held = checkpoint.lock(sys.argv[1])
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_second_run_on_the_folder_is_refused(recs, tmp_path):
+    """The lock a run takes (checkpoint.lock), held by another process: the second run stops in one line."""
+    folder = str(tmp_path / "ckpt")
+    holder = subprocess.Popen([sys.executable, "-c", HOLDS_THE_LOCK, folder], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        train_refused(recs, folder, f"in use by another run (process {holder.pid} on ")
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_folder_of_nothing_usable_is_refused(recs, tmp_path):
+    folder = tmp_path / "ckpt"
+    os.makedirs(folder / "step-4")
+    (folder / "step-4" / "meta.json").write_text("{not json")
+    train_refused(recs, str(folder), "no usable checkpoint")
+
+
+def test_an_unwritable_checkpoint_dir_is_one_line(recs, tmp_path):
+    (tmp_path / "file").write_text("")
+    train_refused(recs, str(tmp_path / "file" / "ckpt"), "cannot write there")
+
+
+def limit_file_size():
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))  # a disk that is full after 1 MiB a file
+
+
+@pytest.mark.slow
+def test_a_full_disk_at_the_stop_is_one_line_and_no_checkpoint(recs, tmp_path):
+    folder, out = str(tmp_path / "ckpt"), tmp_path / "out.txt"
+    with open(out, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "rn50_mx.train", *argv(recs, 1, checkpoint_dir=folder)],
+                                stdout=f, stderr=subprocess.STDOUT, env=clean_environ(), start_new_session=True,
+                                preexec_fn=limit_file_size)
+    wait_for(proc, out, rf"epoch 1 step 1/{STEPS}")
+    proc.send_signal(signal.SIGTERM)
+    text = finish(proc, out, code=2)
+    assert re.search(r"^rn50_mx.train: error: .*ckpt: cannot write a checkpoint \(rank 0: .*\); the previous one "
+                     r"stays current$", text, re.M) and "Traceback" not in text, text[-3000:]
+    assert os.listdir(folder) == ["lock"]  # the partial one was under its temporary name, then removed
+
+
+@pytest.mark.parametrize("flags,env,name", [
+    (["--checkpoint-every=-1", "--checkpoint-dir=x"], {}, "--checkpoint-every=-1: must be >= 0"),
+    ([], {"RN50_CHECKPOINT_EVERY": "abc"}, "RN50_CHECKPOINT_EVERY='abc': expected int"),
+    (["--checkpoint-every=2"], {}, "--checkpoint-every=2: needs --checkpoint-dir"),
+])
+def test_bad_checkpoint_settings_are_refused(flags, env, name):
+    with pytest.raises(config.SettingsError, match=re.escape(name)):
+        config.load(flags, env)
+
+
+# --- what a checkpoint relies on ------------------------------------------------------------------------------
+
+def test_the_schedule_pickles_with_the_optimizer():
+    """Trainer.save_states pickles the optimizer and its lr_scheduler: a lambda would fail there (and leave an
+    empty file)."""
+    s = Settings(warmup_epochs=1, num_epochs=3)
+    opt = pickle.loads(pickle.dumps(optim.make_optimizer(s, 10)))
+    assert opt.lr_scheduler(15) == optim.schedule(s, 10)(15) and opt.aggregate_num == s.optimizer_aggregation_size
+
+
+def test_nothing_draws_from_mxnet_s_generator_after_the_model_is_built():
+    """mx.random has no state to save in 1.9.1: a resumed run relies on training steps drawing nothing from it."""
+    s = Settings(num_classes=3, image_shape="3,32,32", batch_size=2, warmup_epochs=0, num_epochs=1)
+
+    def draw_after(steps):
+        mx.random.seed(3)
+        net = model.build_model(s, mx.cpu())
+        trainer = optim.make_trainer(net, s, 1)
+        loss_fn = optim.make_loss(s)
+        for _ in range(steps):
+            with mx.autograd.record():
+                loss = loss_fn(net(mx.nd.ones((2, 3, 32, 32))), mx.nd.array([0, 1]))
+            loss.backward()
+            trainer.step(2)
+        return mx.nd.random.uniform(shape=4).asnumpy()
+
+    assert np.array_equal(draw_after(0), draw_after(2))
+
+
+def test_save_model_to_an_unwritable_path_is_one_line(tmp_path):
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(2))
+    net.initialize()
+    net.hybridize()
+    net(mx.nd.ones((1, 3)))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(checkpoint.InputError, match="--save-model .*file/model: cannot write"):
+        checkpoint.save_model(net, str(tmp_path / "file" / "model"))
+    assert checkpoint.save_model(net, str(tmp_path / "model"))[0].endswith("model-0000.params")
+    assert sorted(os.listdir(tmp_path)) == ["file", "model-0000.params", "model-symbol.json"]
+
+
+# --- evaluate --------------------------------------------------------------------------------------------------
+
+def evaluate(recs, ranks, *extra, **changes):
+    command = [sys.executable, "-m", "rn50_mx.evaluate", *extra, *argv(recs, ranks, **changes)]
+    if ranks == 2:
+        command = [HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2", *command]
+    return subprocess.run(command, env=clean_environ(), capture_output=True, text=True, timeout=240)
+
+
+@pytest.mark.slow
+def test_evaluate_gives_the_run_s_figures(recs, uninterrupted, two_checkpoints):
+    """The saved model gives the last eval's top-1 exactly (1 and 2 ranks), and the checkpoint after epoch 1 the
+    first eval's."""
+    ranks, _, prefix, log = uninterrupted
+    logged = values(events(log), "eval_accuracy")
+    result = evaluate(recs, ranks, "--model", prefix)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(rf"top-1 {re.escape(repr(logged[-1]))}, top-5 [0-9.]+ \(12 images\)", result.stdout), \
+        (result.stdout, logged)
+    if ranks == 1:
+        folder = two_checkpoints + "-after-epoch-1"
+        shutil.copytree(two_checkpoints, folder, ignore=shutil.ignore_patterns(f"step-{STEPS + 2}", "lock"))
+        result = evaluate(recs, 1, checkpoint_dir=folder)
+        assert f"top-1 {logged[0]!r}, " in result.stdout, (result.stdout, result.stderr[-2000:], logged)
+
+
+@pytest.mark.parametrize("extra,name", [
+    ([], "give one of --model PATH and --checkpoint-dir DIR"),
+    (["--model", "/nonexistent/m"], "/nonexistent/m-symbol.json"),
+    (["--model"], "--model: give a PATH"),
+])
+def test_evaluate_refuses_in_one_line(recs, extra, name):
+    result = evaluate(recs, 1, *extra)
+    assert_one_line_naming(result, name)
+
+
+# --- timing ---------------------------------------------------------------------------------------------------
+
+def test_timing_does_not_score_a_resumed_run(tmp_path):
+    """An official log with a resumed_from line after its init_start (what a resumed run writes) is dropped: the rules
+    time one uninterrupted run. The old timing scored it."""
+    from test_timing import edited_fixture, report_of
+
+    resumed = (':::MLLOG {"namespace": "", "time_ms": 1623783744125, "event_type": "POINT_IN_TIME", "key": '
+               '"resumed_from", "value": "/ckpt/step-6", "metadata": {"epoch_num": 2, "step": 0}}\n')
+    folder = edited_fixture(tmp_path, {"result_2.txt": ('\n:::MLLOG {"namespace": "", "time_ms": 1623783744124, '
+                                                        '"event_type": "INTERVAL_START", "key": "init_start"',
+                                                        '\n' + resumed + ':::MLLOG {"namespace": "", "time_ms": '
+                                                        '1623783744124, "event_type": "INTERVAL_START", "key": '
+                                                        '"init_start"')})
+    report = report_of([folder])
+    assert "result_2.txt: resumed from a checkpoint (not one uninterrupted run)" in report["score"]["verdict"]
+    assert not report["runs"][1]["counted"]
