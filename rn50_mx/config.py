@@ -451,7 +451,7 @@ def check_data_files(settings):
         return "not checked: no --data-train/--data-val (DATA_TRAIN/DATA_VAL) or DATADIR given"
     from . import data  # loads MXNet and DALI: only when there are files to check
     for train, _ in splits:
-        data.rec_and_idx(settings, train)
+        data.check_idx(*data.rec_and_idx(settings, train))
     if settings.data_train:  # the batch the processes of the run take from this train set
         data.steps_per_epoch(settings, settings.dgxnnodes * settings.dgxngpu)
     return "found " + ", ".join(f"{path} and its .idx" for _, path in splits)

@@ -67,12 +67,13 @@ def rec_and_idx(settings, train):
                          f"python -m rn50_mx.prep_rec pack IMAGE_DIR {os.path.splitext(rec)[0]}") from None
     except OSError as err:
         raise InputError(f"{idx}: cannot read ({err.strerror})") from None
-    check_idx(rec, idx)
     return rec, idx
 
 
 def check_idx(rec, idx):
-    """Every .idx line is `key<TAB>offset` inside the .rec, found before DALI's reader meets it (an assertion)."""
+    """Every .idx line is `key<TAB>offset` inside the .rec, found before DALI's reader meets it (an assertion).
+    `config --check` runs it, which the launchers run before any rank starts: reading ImageNet's 1.28M lines takes
+    seconds, which training itself does not spend."""
     entries, bad = prep_rec.read_idx(idx)
     if bad:
         where, _, problem = bad[0]

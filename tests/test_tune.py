@@ -37,7 +37,7 @@ def test_fragment_round_trips_through_the_launchers_and_config_check(small_rec, 
     output.write_fragment(path, output.fragment(s, space.start(s), choice, (0.9, 0.97), "test"))
     assert not os.path.exists(path + ".tmp")
     result = bash(f"set -euo pipefail; LAUNCHER=test; source trials.sh; source {tmp_path}/config/CPU.sh; "
-                  f"export DALI_PREFETCH_QUEUE=4; source_tuned {tmp_path}/config/CPU.sh; "
+                  f"export DALI_PREFETCH_QUEUE=4 BATCHSIZE=4; source_tuned {tmp_path}/config/CPU.sh; "
                   f"python -m rn50_mx.config --check --data-train {small_rec}.rec", env=SMALL, timeout=300)
     assert result.returncode == 0, result.stderr
     listing = check_listing(result.stdout)
