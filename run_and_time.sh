@@ -130,6 +130,10 @@ if [[ "$leader" == 1 ]]; then
         echo "run_and_time.sh: training exited with code ${status} after run_stop success (a process hung on its" \
              "way out and was ended by its exit alarm): the run is complete" >&2
         status=0
+    elif [[ "$stopped_as" == aborted && "$status" == 0 ]]; then
+        echo "run_and_time.sh: the run ended without reaching the target (run_stop aborted): a trial that did not" \
+             "converge" >&2
+        exit 1
     elif [[ "$stopped_as" != success ]]; then
         echo "run_and_time.sh: training failed (exit code ${status}; run_stop ${stopped_as:-missing})" >&2
         exit $(( status == 0 ? 1 : status ))
