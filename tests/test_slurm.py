@@ -1,0 +1,131 @@
+"""run.sub under a real Slurm (tests/slurm.py: munged, slurmctld and slurmd started here, the real sbatch, srun,
+squeue and scontrol): 2 ranks meet through MPI over PMIx (`srun --mpi=pmix`, Horovod built with MPI, as in the NGC
+image) on one node and across two nodes (network namespaces); tasks that cannot meet stop on the world-size check;
+scancel stops every rank. The tiny dataset of tests/test_launch.py, a few seconds of training per job.
+"""
+import math
+import os
+import re
+import time
+
+import psutil
+import pytest
+
+import slurm
+from conftest import CHECKER_ON_A_SHORT_RUN, ENV_PATH, PYTHONPATH, ROOT
+from rn50_mx import timing
+from test_launch import TINY, TINY_CLASSES, mllog, tiny_data  # noqa: F401  (tiny_data is a fixture)
+
+IMAGES = len(TINY_CLASSES) * 7
+TWO_RANKS = {**TINY, "KVSTORE": "horovod", "DISP_BATCHES": "1", "NEXP": "1", "SEED": "3", "DATESTAMP": "job"}
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """One Slurm node, this host, for the whole session."""
+    reason = slurm.missing_packages()
+    if reason:
+        pytest.skip(reason)
+    c = slurm.Cluster().start()
+    yield c
+    c.stop()
+
+
+def submit(cluster, tmp_path, env, *sbatch):
+    """`sbatch [SBATCH] run.sub` after `source config/CPU.sh` and `env`, from the repository's root; the job id."""
+    exports = "".join(f"export {name}={value!r}; " for name, value in env.items())
+    script = f"set -euo pipefail; source config/CPU.sh; {exports}sbatch --parsable -o {tmp_path}/job-%j.out " \
+             f"{' '.join(sbatch)} run.sub"
+    result = cluster.run(["bash", "-c", script], cwd=ROOT, env={"PATH": ENV_PATH, **PYTHONPATH})
+    return int(result.stdout.strip().split(";")[0])
+
+
+def job_output(tmp_path, job_id):
+    with open(tmp_path / f"job-{job_id}.out") as f:
+        return f.read()
+
+
+def assert_one_job_of_two_ranks(cluster, tmp_path, job_id, logs):
+    """The job ended well and its one trial log shows one training of world size 2 that timing and the
+    compliance checker read."""
+    fields = cluster.wait_job(job_id, timeout=600)
+    out = job_output(tmp_path, job_id)
+    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), out[-4000:] + cluster.logs()
+    log = logs / "job_1.log"
+    assert len(mllog(log, "init_start")) == 2  # every rank logs init_start; two trainings would log run_start twice
+    assert len(mllog(log, "run_start")) == 1 and mllog(log, "global_batch_size") == [2 * int(TINY["BATCHSIZE"])]
+    assert mllog(log, "train_samples") == [IMAGES]
+    steps = math.ceil(IMAGES / (2 * int(TINY["BATCHSIZE"])))  # each rank reads its half once per epoch
+    assert re.findall(r"epoch 1 step (\d+)/(\d+)", log.read_text())[-1] == (str(steps), str(steps))
+    assert [e["status"] for e in [event_metadata(log, "run_stop")]] == ["success"]
+    assert re.search(r"^RESULT,IMAGE_CLASSIFICATION,,\d+,", log.read_text(), re.M)
+    assert "no score: ResNet-50 is scored on exactly 5 runs, got 1" in out  # timing read the log
+    assert timing.check_compliance(str(log), "1.0.0") == CHECKER_ON_A_SHORT_RUN
+    return out, log.read_text()
+
+
+def event_metadata(path, key):
+    import json
+    with open(path) as f:
+        for line in f:
+            if line.startswith(":::MLLOG ") and f'"key": "{key}"' in line:
+                return json.loads(line[len(":::MLLOG "):])["metadata"]
+    raise AssertionError(f"no {key} in {path}")
+
+
+@pytest.mark.slow
+def test_one_node_two_tasks_make_one_job_of_world_size_2(cluster, tiny_data, tmp_path):  # noqa: F811
+    logs = tmp_path / "logs"
+    env = {**TWO_RANKS, "DGXNGPU": "2", "DATADIR": tiny_data, "LOGDIR": str(logs), "CLEAR_CACHES": "0"}
+    job_id = submit(cluster, tmp_path, env, "-N", "1", "-t", "10")
+    assert_one_job_of_two_ranks(cluster, tmp_path, job_id, logs)
+
+
+@pytest.mark.slow
+def test_two_tasks_that_cannot_meet_stop_on_the_world_size(cluster, tiny_data):  # noqa: F811
+    """Horovod's Gloo controller without its rendezvous (what Horovod built without MPI does under srun): each task
+    is a world of one. The old code ran two full trainings; each rank must stop with one line before run_start."""
+    env = {**TINY, "KVSTORE": "horovod", "DGXNGPU": "2", "HOROVOD_CONTROLLER": "gloo",
+           "HOROVOD_CPU_OPERATIONS": "gloo"}
+    exports = "".join(f"export {name}={value!r}; " for name, value in env.items())
+    script = f"source config/CPU.sh; {exports}srun -n2 --mpi=pmix python -m rn50_mx.train " \
+             f"--data-train {tiny_data}/train.rec --data-val {tiny_data}/val.rec"
+    result = cluster.run(["bash", "-c", script], check=False, cwd=ROOT, env={"PATH": ENV_PATH, **PYTHONPATH},
+                         timeout=300)
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("srun: ")]
+    assert lines == ["rn50_mx.train: error: rank 0: 1 rank(s) met (1 on this node), but DGXNNODES x DGXNGPU = "
+                     "1 x 2 = 2 (2 per node): start one task per device, and under srun use --mpi=pmix with "
+                     "Horovod built with MPI"] * 2, result.stderr
+    assert "run_start" not in result.stdout and "Traceback" not in result.stderr
+
+
+def ranks_of(cluster, job_id):
+    """The training processes of a job (other trainings may run on this machine)."""
+    return [p for p in cluster.job_processes() if "rn50_mx.train" in " ".join(p.cmdline())
+            and p.environ().get("SLURM_JOB_ID") == str(job_id)]
+
+
+@pytest.mark.slow
+def test_scancel_stops_every_rank_and_the_trial_loop_reports_it(cluster, tiny_data, tmp_path):  # noqa: F811
+    """The same SIGTERM, then SIGKILL KillWait (5 s) later, as Slurm's time limit."""
+    logs = tmp_path / "logs"
+    env = {**TWO_RANKS, "NUMEPOCHS": "200", "ACCURACY_THRESHOLD": "1.0", "DGXNGPU": "2", "DATADIR": tiny_data,
+           "LOGDIR": str(logs), "CLEAR_CACHES": "0", "NEXP": "2"}
+    job_id = submit(cluster, tmp_path, env, "-N", "1", "-t", "10")
+    log = logs / "job_1.log"
+    deadline = time.time() + 600
+    while not (log.exists() and '"key": "epoch_start"' in log.read_text()):  # both ranks are training
+        assert cluster.job(job_id)["JobState"] in ("PENDING", "RUNNING"), job_output(tmp_path, job_id)[-3000:]
+        assert time.time() < deadline
+        time.sleep(0.5)
+    ranks = ranks_of(cluster, job_id)
+    assert len(ranks) == 2, [p.cmdline() for p in ranks]
+    cluster.run(["scancel", str(job_id)])
+    tic = time.time()
+    _, alive = psutil.wait_procs(ranks, timeout=30)
+    assert not alive and time.time() - tic < 15, alive
+    assert cluster.wait_job(job_id, timeout=60)["JobState"] == "CANCELLED"
+    assert "run_stop" not in log.read_text() and not (logs / "job_2.log").exists()
+    assert "run.sub: SIGTERM (scancel or the time limit) in trial 1 of 2: stopped without run_stop, no further " \
+           "trial" in job_output(tmp_path, job_id)
