@@ -129,3 +129,40 @@ def test_scancel_stops_every_rank_and_the_trial_loop_reports_it(cluster, tiny_da
     assert "run_stop" not in log.read_text() and not (logs / "job_2.log").exists()
     assert "run.sub: SIGTERM (scancel or the time limit) in trial 1 of 2: stopped without run_stop, no further " \
            "trial" in job_output(tmp_path, job_id)
+
+
+def bridge_bytes():
+    """Bytes received plus sent by the nodes' veth ends on the host: what crossed between the namespaces."""
+    total = 0
+    for i in (1, 2):
+        for way in ("rx_bytes", "tx_bytes"):
+            with open(f"/sys/class/net/rn50h{i}/statistics/{way}") as f:
+                total += int(f.read())
+    return total
+
+
+@pytest.fixture
+def two_nodes():
+    """Two Slurm nodes n1 and n2, each slurmd in its own network namespace, joined by a bridge."""
+    reason = slurm.missing_packages()
+    if reason:
+        pytest.skip(reason)
+    c = slurm.Cluster(nodes=2).start()
+    yield c
+    c.stop()
+
+
+@pytest.mark.slow
+def test_two_nodes_one_task_each_make_one_job(two_nodes, tiny_data, tmp_path):  # noqa: F811
+    logs = tmp_path / "logs"
+    env = {**TWO_RANKS, "DGXNGPU": "1", "DGXNNODES": "2", "DATADIR": tiny_data, "LOGDIR": str(logs),
+           "CLEAR_CACHES": "1"}
+    before = bridge_bytes()
+    job_id = submit(two_nodes, tmp_path, env, "-N", "2", "-t", "10")
+    out, log = assert_one_job_of_two_ranks(two_nodes, tmp_path, job_id, logs)
+    assert two_nodes.job(job_id)["NodeList"] == "n[1-2]"
+    # The per-node steps ran on each node: the cache drop, and local rank 0's binding decision.
+    assert log.count("Cleared the page cache on ") == 2 and mllog(logs / "job_1.log", "cache_clear") == [True]
+    assert out.count("run_and_time.sh: numactl not found: ranks run without CPU binding") == 2
+    # Horovod's allreduces crossed the namespaces: at least the gradients of one step (ResNet-50: 25.6M floats).
+    assert bridge_bytes() - before > 25_000_000 * 4
