@@ -3,9 +3,11 @@ squeue and scontrol): 2 ranks meet through MPI over PMIx (`srun --mpi=pmix`, Hor
 image) on one node and across two nodes (network namespaces); tasks that cannot meet stop on the world-size check;
 scancel stops every rank. The tiny dataset of tests/test_launch.py, a few seconds of training per job.
 """
+import json
 import math
-import os
 import re
+import subprocess
+import sys
 import time
 
 import psutil
@@ -14,7 +16,10 @@ import pytest
 import slurm
 from conftest import CHECKER_ON_A_SHORT_RUN, ENV_PATH, PYTHONPATH, ROOT
 from rn50_mx import timing
-from test_launch import TINY, TINY_CLASSES, mllog, tiny_data  # noqa: F401  (tiny_data is a fixture)
+import test_launch
+from test_launch import TINY, TINY_CLASSES, mllog
+
+tiny_data = test_launch.tiny_data  # the launch tests' fixture: 5 classes x 7 photographs, packed
 
 IMAGES = len(TINY_CLASSES) * 7
 TWO_RANKS = {**TINY, "KVSTORE": "horovod", "DISP_BATCHES": "1", "NEXP": "1", "SEED": "3", "DATESTAMP": "job"}
@@ -46,12 +51,17 @@ def job_output(tmp_path, job_id):
 
 
 def assert_one_job_of_two_ranks(cluster, tmp_path, job_id, logs):
-    """The job ended well and its one trial log shows one training of world size 2 that timing and the
-    compliance checker read."""
+    """The job ended well and its one trial log shows one training of world size 2."""
     fields = cluster.wait_job(job_id, timeout=600)
     out = job_output(tmp_path, job_id)
     assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), out[-4000:] + cluster.logs()
-    log = logs / "job_1.log"
+    assert_one_training_of_two_ranks(logs / "job_1.log")
+    assert "no score: ResNet-50 is scored on exactly 5 runs, got 1" in out  # the trial loop's timing summary
+    return out, (logs / "job_1.log").read_text()
+
+
+def assert_one_training_of_two_ranks(log):
+    """A trial log of one training of world size 2 that the timing tool scores and the compliance checker reads."""
     assert len(mllog(log, "init_start")) == 2  # every rank logs init_start; two trainings would log run_start twice
     assert len(mllog(log, "run_start")) == 1 and mllog(log, "global_batch_size") == [2 * int(TINY["BATCHSIZE"])]
     assert mllog(log, "train_samples") == [IMAGES]
@@ -59,13 +69,13 @@ def assert_one_job_of_two_ranks(cluster, tmp_path, job_id, logs):
     assert re.findall(r"epoch 1 step (\d+)/(\d+)", log.read_text())[-1] == (str(steps), str(steps))
     assert [e["status"] for e in [event_metadata(log, "run_stop")]] == ["success"]
     assert re.search(r"^RESULT,IMAGE_CLASSIFICATION,,\d+,", log.read_text(), re.M)
-    assert "no score: ResNet-50 is scored on exactly 5 runs, got 1" in out  # timing read the log
+    scored = subprocess.run([sys.executable, "-m", "rn50_mx.timing", str(log)], capture_output=True, text=True,
+                            cwd=ROOT, env={"PATH": ENV_PATH, **PYTHONPATH})
+    assert "no score: ResNet-50 is scored on exactly 5 runs, got 1" in scored.stdout, scored.stdout + scored.stderr
     assert timing.check_compliance(str(log), "1.0.0") == CHECKER_ON_A_SHORT_RUN
-    return out, log.read_text()
 
 
 def event_metadata(path, key):
-    import json
     with open(path) as f:
         for line in f:
             if line.startswith(":::MLLOG ") and f'"key": "{key}"' in line:
@@ -74,15 +84,32 @@ def event_metadata(path, key):
 
 
 @pytest.mark.slow
-def test_one_node_two_tasks_make_one_job_of_world_size_2(cluster, tiny_data, tmp_path):  # noqa: F811
+def test_one_node_two_tasks_make_one_job_and_scancel_stops_every_rank(cluster, tiny_data, tmp_path):
+    """Trial 1 of 3 trains as one job of world size 2; scancel during trial 2 (the same SIGTERM, then SIGKILL
+    KillWait = 5 s later, as Slurm's time limit) stops both of its ranks within seconds, leaves no run_stop, and
+    the trial loop reports it and starts no trial 3. One job for both: each job costs a training's start-up."""
     logs = tmp_path / "logs"
-    env = {**TWO_RANKS, "DGXNGPU": "2", "DATADIR": tiny_data, "LOGDIR": str(logs), "CLEAR_CACHES": "0"}
+    env = {**TWO_RANKS, "DGXNGPU": "2", "DATADIR": tiny_data, "LOGDIR": str(logs), "CLEAR_CACHES": "0", "NEXP": "3"}
     job_id = submit(cluster, tmp_path, env, "-N", "1", "-t", "10")
-    assert_one_job_of_two_ranks(cluster, tmp_path, job_id, logs)
+    deadline = time.time() + 600
+    while not (logs / "job_2.log").exists() or len(ranks_of(cluster, job_id)) < 2:
+        assert cluster.job(job_id)["JobState"] in ("PENDING", "RUNNING"), job_output(tmp_path, job_id)[-3000:]
+        assert time.time() < deadline
+        time.sleep(0.5)
+    ranks = ranks_of(cluster, job_id)
+    cluster.run(["scancel", str(job_id)])
+    tic = time.time()
+    _, alive = psutil.wait_procs(ranks, timeout=30)
+    assert not alive and time.time() - tic < 15, alive
+    assert cluster.wait_job(job_id, timeout=60)["JobState"] == "CANCELLED"
+    assert_one_training_of_two_ranks(logs / "job_1.log")
+    assert "run_stop" not in (logs / "job_2.log").read_text() and not (logs / "job_3.log").exists()
+    assert "run.sub: SIGTERM (scancel or the time limit) in trial 2 of 3: stopped without run_stop, no further " \
+           "trial" in job_output(tmp_path, job_id)
 
 
 @pytest.mark.slow
-def test_two_tasks_that_cannot_meet_stop_on_the_world_size(cluster, tiny_data):  # noqa: F811
+def test_two_tasks_that_cannot_meet_stop_on_the_world_size(cluster, tiny_data):
     """Horovod's Gloo controller without its rendezvous (what Horovod built without MPI does under srun): each task
     is a world of one. The old code ran two full trainings; each rank must stop with one line before run_start."""
     env = {**TINY, "KVSTORE": "horovod", "DGXNGPU": "2", "HOROVOD_CONTROLLER": "gloo",
@@ -104,32 +131,6 @@ def ranks_of(cluster, job_id):
     """The training processes of a job (other trainings may run on this machine)."""
     return [p for p in cluster.job_processes() if "rn50_mx.train" in " ".join(p.cmdline())
             and p.environ().get("SLURM_JOB_ID") == str(job_id)]
-
-
-@pytest.mark.slow
-def test_scancel_stops_every_rank_and_the_trial_loop_reports_it(cluster, tiny_data, tmp_path):  # noqa: F811
-    """The same SIGTERM, then SIGKILL KillWait (5 s) later, as Slurm's time limit."""
-    logs = tmp_path / "logs"
-    env = {**TWO_RANKS, "NUMEPOCHS": "200", "ACCURACY_THRESHOLD": "1.0", "DGXNGPU": "2", "DATADIR": tiny_data,
-           "LOGDIR": str(logs), "CLEAR_CACHES": "0", "NEXP": "2"}
-    job_id = submit(cluster, tmp_path, env, "-N", "1", "-t", "10")
-    log = logs / "job_1.log"
-    deadline = time.time() + 600
-    while not (log.exists() and '"key": "epoch_start"' in log.read_text()):  # both ranks are training
-        assert cluster.job(job_id)["JobState"] in ("PENDING", "RUNNING"), job_output(tmp_path, job_id)[-3000:]
-        assert time.time() < deadline
-        time.sleep(0.5)
-    ranks = ranks_of(cluster, job_id)
-    assert len(ranks) == 2, [p.cmdline() for p in ranks]
-    cluster.run(["scancel", str(job_id)])
-    tic = time.time()
-    _, alive = psutil.wait_procs(ranks, timeout=30)
-    assert not alive and time.time() - tic < 15, alive
-    assert cluster.wait_job(job_id, timeout=60)["JobState"] == "CANCELLED"
-    assert "run_stop" not in log.read_text() and not (logs / "job_2.log").exists()
-    assert "run.sub: SIGTERM (scancel or the time limit) in trial 1 of 2: stopped without run_stop, no further " \
-           "trial" in job_output(tmp_path, job_id)
-
 
 def bridge_bytes():
     """Bytes received plus sent by the nodes' veth ends on the host: what crossed between the namespaces."""
@@ -153,7 +154,7 @@ def two_nodes():
 
 
 @pytest.mark.slow
-def test_two_nodes_one_task_each_make_one_job(two_nodes, tiny_data, tmp_path):  # noqa: F811
+def test_two_nodes_one_task_each_make_one_job(two_nodes, tiny_data, tmp_path):
     logs = tmp_path / "logs"
     env = {**TWO_RANKS, "DGXNGPU": "1", "DGXNNODES": "2", "DATADIR": tiny_data, "LOGDIR": str(logs),
            "CLEAR_CACHES": "1"}
