@@ -108,22 +108,30 @@ def test_one_node_two_tasks_make_one_job_and_scancel_stops_every_rank(cluster, t
            "trial" in job_output(tmp_path, job_id)
 
 
+WORLD_ERROR = "rn50_mx.train: error: rank {rank}: {met} rank(s) met ({local} on this node), but DGXNNODES x DGXNGPU = " \
+              "{nodes} x {gpus} = {want} ({gpus} per node): start one task per device, and under srun use --mpi=pmix " \
+              "with Horovod built with MPI"
+
+
 @pytest.mark.slow
-def test_two_tasks_that_cannot_meet_stop_on_the_world_size(cluster, tiny_data):
-    """Horovod's Gloo controller without its rendezvous (what Horovod built without MPI does under srun): each task
-    is a world of one. The old code ran two full trainings; each rank must stop with one line before run_start."""
-    env = {**TINY, "KVSTORE": "horovod", "DGXNGPU": "2", "HOROVOD_CONTROLLER": "gloo",
-           "HOROVOD_CPU_OPERATIONS": "gloo"}
-    exports = "".join(f"export {name}={value!r}; " for name, value in env.items())
+@pytest.mark.parametrize("env,lines", [
+    # Horovod's Gloo controller without its rendezvous (what Horovod built without MPI does under srun): each task
+    # is a world of one. The old code ran two full trainings.
+    ({"DGXNGPU": "2", "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo"},
+     [WORLD_ERROR.format(rank=0, met=1, local=1, nodes=1, gpus=2, want=2)] * 2),
+    # Two ranks met, as the config's two nodes would have, but on one node: each would take the node's first device.
+    ({"DGXNGPU": "1", "DGXNNODES": "2"},
+     [WORLD_ERROR.format(rank=r, met=2, local=2, nodes=2, gpus=1, want=2) for r in (0, 1)]),
+], ids=["cannot-meet", "ranks-per-node"])
+def test_a_world_other_than_the_configs_stops_every_rank_before_run_start(cluster, tiny_data, env, lines):
+    exports = "".join(f"export {name}={value!r}; " for name, value in {**TINY, "KVSTORE": "horovod", **env}.items())
     script = f"source config/CPU.sh; {exports}srun -n2 --mpi=pmix python -m rn50_mx.train " \
              f"--data-train {tiny_data}/train.rec --data-val {tiny_data}/val.rec"
     result = cluster.run(["bash", "-c", script], check=False, cwd=ROOT, env={"PATH": ENV_PATH, **PYTHONPATH},
                          timeout=300)
     assert result.returncode != 0
-    lines = [line for line in result.stderr.splitlines() if not line.startswith("srun: ")]
-    assert lines == ["rn50_mx.train: error: rank 0: 1 rank(s) met (1 on this node), but DGXNNODES x DGXNGPU = "
-                     "1 x 2 = 2 (2 per node): start one task per device, and under srun use --mpi=pmix with "
-                     "Horovod built with MPI"] * 2, result.stderr
+    assert sorted(line for line in result.stderr.splitlines() if not line.startswith("srun: ")) == lines, \
+        result.stderr
     assert "run_start" not in result.stdout and "Traceback" not in result.stderr
 
 
