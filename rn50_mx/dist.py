@@ -82,9 +82,10 @@ class Horovod:
 
 def check_world(settings, d):
     """Stops this rank when the ranks that met are not the DGXNNODES x DGXNGPU the config asks for: tasks that a
-    launcher started but that did not meet (srun without --mpi=pmix, or Horovod built without MPI under srun)
-    each see a world of one and would otherwise run as independent full trainings. Every rank computes the same
-    comparison, so all of them stop, before run_start."""
+    launcher started but that did not meet (Horovod built with Gloo only under srun: its Gloo controller without
+    horovodrun's rendezvous assumes one process, horovod/common/gloo/gloo_context.cc) each see a world of one and
+    would otherwise run as independent full trainings. Every rank computes the same comparison, so all of them
+    stop, before run_start."""
     expected = settings.dgxnnodes * settings.dgxngpu
     local_size = d.hvd.local_size()
     if d.size == expected and local_size == settings.dgxngpu:

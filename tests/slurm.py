@@ -1,8 +1,9 @@
 """A real Slurm on this machine for the launch tests: munged, slurmctld and one slurmd per node, started by hand
-from a generated slurm.conf and stopped by pid. Nodes are either this host (one node) or network namespaces joined
-plugged by veth pairs into a bridge with private addresses (10.218.0.0/24: the host 10.218.0.1, node N 10.218.0.N+1)
-that the cluster creates and removes; slurmctld, the namespaces' slurmd and the ranks talk over those addresses only. The tests use the real sbatch, srun, squeue and
-scontrol with SLURM_CONF pointing at the generated file.
+from a generated slurm.conf and stopped by pid. Nodes are either this host (one node) or network namespaces
+plugged by veth pairs into a bridge with private addresses (10.218.0.0/24: the host 10.218.0.1, node N
+10.218.0.N+1) that the cluster creates and removes; slurmctld, the namespaces' slurmd and the ranks talk over
+those addresses only. The tests use the real sbatch, srun, squeue and scontrol with SLURM_CONF pointing at the
+generated file.
 """
 import contextlib
 import os
@@ -84,7 +85,8 @@ class Cluster:
     def _make_namespaces(self):
         if not self.namespaces:
             return
-        commands = [f"ip link add {BRIDGE} type bridge", f"ip addr add {NET}.1/24 dev {BRIDGE}", f"ip link set {BRIDGE} up"]
+        commands = [f"ip link add {BRIDGE} type bridge", f"ip addr add {NET}.1/24 dev {BRIDGE}",
+                    f"ip link set {BRIDGE} up"]
         for i, ns in enumerate(self.namespaces, 1):
             host_if, node_if = f"rn50h{i}", f"rn50v{i}"
             commands += [f"ip netns add {ns}", f"ip link add {host_if} type veth peer name {node_if}",

@@ -108,9 +108,9 @@ def test_one_node_two_tasks_make_one_job_and_scancel_stops_every_rank(cluster, t
            "trial" in job_output(tmp_path, job_id)
 
 
-WORLD_ERROR = "rn50_mx.train: error: rank {rank}: {met} rank(s) met ({local} on this node), but DGXNNODES x DGXNGPU = " \
-              "{nodes} x {gpus} = {want} ({gpus} per node): start one task per device, and under srun use --mpi=pmix " \
-              "with Horovod built with MPI"
+WORLD_ERROR = ("rn50_mx.train: error: rank {rank}: {met} rank(s) met ({local} on this node), but DGXNNODES x "
+               "DGXNGPU = {nodes} x {gpus} = {want} ({gpus} per node): start one task per device, and under srun use "
+               "--mpi=pmix with Horovod built with MPI")
 
 
 @pytest.mark.slow
