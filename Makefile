@@ -1,18 +1,21 @@
 # make demo : create .venv (once), pack the embedded Fashion-MNIST default and train ResNet-50 on it to 75.9%.
 # make test : create .venv (once), run the whole test suite.
 # .venv holds the CPU stack (MXNet 1.9.1, DALI CPU operators, mlperf-logging) and Horovod compiled against that
-# MXNet with Gloo. A second run reuses it; Horovod is rebuilt only if it is missing.
+# MXNet with Gloo and with Debian's Open MPI (ranks that srun starts meet through MPI over PMIx, as the NGC image's
+# do). A second run reuses it; Horovod is rebuilt only if it is missing or its build flags changed.
 SHELL     := /bin/bash
 VENV      ?= .venv
 PY        := $(VENV)/bin/python
 DATA      ?= data/fashion-mnist
 LOGDIR    ?= results/demo
 NEXP      ?= 1
-SYSTEM_PACKAGES := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz /usr/bin/shellcheck
-HOROVOD_BUILD_ENV := HOROVOD_WITH_MXNET=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+SYSTEM_PACKAGES := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz /usr/bin/shellcheck \
+	/usr/sbin/slurmctld /usr/sbin/munged /usr/lib/x86_64-linux-gnu/libpmix.so /usr/bin/mpicxx
+DEBIAN_PACKAGES := dataset-fashion-mnist shellcheck slurm-wlm munge libpmix-dev openmpi-bin libopenmpi-dev
+HOROVOD_BUILD_ENV := HOROVOD_WITH_MXNET=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
 	HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 CMAKE_POLICY_VERSION_MINIMUM=3.5
 
-.PHONY: venv test demo clean
+.PHONY: venv test demo clean FORCE
 
 venv: $(VENV)/.horovod $(SYSTEM_PACKAGES)
 
@@ -24,17 +27,25 @@ $(VENV)/.base: setup.py constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e ".[cpu,test]"
 	touch $@
 
-# Stage 2: Horovod compiled against the MXNet of stage 1, with Gloo (about 4 minutes; pip skips it when the
-# pinned version is already there).
-$(VENV)/.horovod: $(VENV)/.base
+# Stage 2: Horovod compiled against the MXNet of stage 1, with Gloo and MPI (about 5 minutes; pip skips it when
+# the pinned version is already there). It needs Open MPI's compiler wrapper (a Debian package below). The flags
+# are kept in .horovod-flags, rewritten only when they change: then the installed Horovod is removed and rebuilt.
+$(VENV)/.horovod-flags: FORCE
+	@mkdir -p $(VENV)
+	@echo '$(HOROVOD_BUILD_ENV)' | cmp -s - $@ || echo '$(HOROVOD_BUILD_ENV)' > $@
+
+$(VENV)/.horovod: $(VENV)/.base $(VENV)/.horovod-flags /usr/bin/mpicxx
+	$(if $(filter $(VENV)/.horovod-flags,$?),$(PY) -m pip uninstall -y -q horovod)
 	$(HOROVOD_BUILD_ENV) $(PY) -m pip install -q -c constraints.txt --no-build-isolation --no-cache-dir horovod
-	$(PY) -c "import horovod.mxnet as hvd; assert hvd.gloo_built()"
+	$(PY) -c "import horovod.mxnet as hvd; assert hvd.gloo_built() and hvd.mpi_built()"
 	touch $@
 
-# Debian packages: the embedded dataset (real photographs, MIT licence) and the shell linter the tests run.
+# Debian packages: the embedded dataset (real photographs, MIT licence), the shell linter the tests run, and the
+# Slurm the launch tests run (munge for its authentication, libpmix-dev for `srun --mpi=pmix`: the plugin opens the
+# unversioned libpmix.so) with the Open MPI that Horovod is built against.
 $(SYSTEM_PACKAGES):
-	@command -v apt-get >/dev/null || { echo "install the Debian packages dataset-fashion-mnist and shellcheck"; exit 1; }
-	apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist shellcheck
+	@command -v apt-get >/dev/null || { echo "install the Debian packages $(DEBIAN_PACKAGES)"; exit 1; }
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEBIAN_PACKAGES)
 
 test: venv
 	$(PY) -m pytest -q

@@ -98,13 +98,20 @@ else
 fi
 # In the background, so that a SIGTERM or Ctrl-C reaching this script is passed on (horovodrun then stops every
 # rank) instead of leaving the ranks running without a parent. horovodrun tags every line with its rank
-# ("[3]<stdout>:"); MLPerf log lines must start with ":::MLLOG", so the tag is taken off those.
+# ("[3]<stdout>:"; through mpirun "[1,3]<stdout>:", which also tags each 4 KB chunk it reads, mid-line in a burst
+# of lines); MLPerf log lines must start with ":::MLLOG" and hold none, so every tag is taken off those.
 # The stream is also kept in a temporary file, from which this run's outcome is read.
 stream=$(mktemp)
 trap 'rm -f "$stream"' EXIT
-"${LAUNCH[@]}" > >(sed -u -E 's/^\[[0-9,]+\]<std(out|err)>:(:::MLLOG )/\2/' | tee "$stream") &
+"${LAUNCH[@]}" > >(sed -u -E '/^(\[[0-9,]+\]<std(out|err)>:)?:::MLLOG /s/\[[0-9,]+\]<std(out|err)>://g' | tee "$stream") &
 launcher=$!
-trap 'kill -TERM "$launcher" 2>/dev/null' TERM INT
+# horovodrun with MPI (the NGC image's; here too) runs mpirun under `/bin/sh -c`, which does not pass a SIGTERM on:
+# mpirun, which stops the ranks, gets it first.
+stop_launcher() {
+    # shellcheck disable=SC2046  # a list of pids
+    kill -TERM $(pgrep -P "$launcher") "$launcher" 2>/dev/null || true
+}
+trap stop_launcher TERM INT
 status=0
 wait "$launcher" || status=$?
 while kill -0 "$launcher" 2>/dev/null; do  # a trapped signal ends `wait` early: wait for the launcher to stop

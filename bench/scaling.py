@@ -56,7 +56,8 @@ def settings(args, procs, train_flags):
     return config.load(["--synthetic", "1", "--num-examples", str(args.global_batch * 1000),
                         "--batch-size", str(args.global_batch // procs), "--image-shape",
                         f"3,{args.image_size},{args.image_size}", "--warmup-epochs", "0", "--seed", "1",
-                        "--kv-store", "horovod" if procs > 1 else "device", *train_flags], prog="bench/scaling.py")
+                        "--kv-store", "horovod" if procs > 1 else "device", "--dgxngpu", str(procs), *train_flags],
+                       prog="bench/scaling.py")
 
 
 def worker(args, train_flags):

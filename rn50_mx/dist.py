@@ -95,6 +95,22 @@ class Horovod:
         return self.hvd.DistributedTrainer(params, optimizer, optimizer_params, num_groups=self.num_groups)
 
 
+def check_world(settings, d):
+    """Stops this rank when the ranks that met are not the DGXNNODES x DGXNGPU the config asks for: tasks that a
+    launcher started but that did not meet (Horovod built with Gloo only under srun: its Gloo controller without
+    horovodrun's rendezvous assumes one process, horovod/common/gloo/gloo_context.cc) each see a world of one and
+    would otherwise run as independent full trainings. Every rank computes the same comparison, so all of them
+    stop, before run_start."""
+    expected = settings.dgxnnodes * settings.dgxngpu
+    local_size = d.hvd.local_size()
+    if d.size == expected and local_size == settings.dgxngpu:
+        return
+    d.hvd.shutdown()
+    raise InputError(f"rank {d.rank}: {d.size} rank(s) met ({local_size} on this node), but DGXNNODES x DGXNGPU = "
+                     f"{settings.dgxnnodes} x {settings.dgxngpu} = {expected} ({settings.dgxngpu} per node): "
+                     "start one task per device, and under srun use --mpi=pmix with Horovod built with MPI")
+
+
 _names = itertools.count()  # Horovod matches collectives across ranks by name
 
 
@@ -114,6 +130,7 @@ def init(settings):
         d = Horovod(hvd, settings.horovod_num_groups)
     except ValueError as err:
         raise InputError(f"--kv-store horovod: {err}") from None
+    check_world(settings, d)
     if settings.device == "gpu":
         try:
             gpu_index(d.local_rank, mx.context.num_gpus())

@@ -63,7 +63,7 @@ def demo_flags(rec_prefix, out_dir, **more):
     """The demo's shape, shrunk: 32x32 images of 3 classes, batch 4 per process, 1 epoch, eval at its end."""
     flags = dict(data_train=rec_prefix + ".rec", data_val=rec_prefix + ".rec", num_classes=3, image_shape="3,32,32",
                  batch_size=4, num_epochs=1, warmup_epochs=0, eval_period=1, eval_offset=0, lr=0.5,
-                 dali_threads=1, seed=7, kv_store="horovod", disp_batches=1,
+                 dali_threads=1, seed=7, kv_store="horovod", disp_batches=1, dgxngpu=2,
                  mllog_file=os.path.join(out_dir, "mlperf.log"))
     flags.update(more)
     return [f"--{k.replace('_', '-')}={v}" for k, v in flags.items()]
@@ -98,7 +98,7 @@ def equivalence_worker(out, kv_store):
     y = rng.randint(0, 3, (STEPS, GLOBAL_BATCH)).astype("float32")
     for name, groups in OPTIMIZER_GROUPS:
         s = Settings(optimizer=name, lr=2.0, warmup_epochs=1, num_epochs=3, wd=1e-3, kv_store=kv_store,
-                     horovod_num_groups=groups)
+                     horovod_num_groups=groups, dgxngpu=ranks(kv_store))
         d = dist.init(s)
         local = GLOBAL_BATCH // d.size
         mine = slice(d.rank * local, (d.rank + 1) * local)
@@ -118,9 +118,14 @@ def equivalence_worker(out, kv_store):
     mx.nd.waitall()  # as train.run: no rank leaves with allreduces its peer still needs
 
 
+def ranks(kv_store):
+    """The processes per node a worker's settings name: the tests launch 2 Horovod ranks, or one process."""
+    return 2 if kv_store == "horovod" else 1
+
+
 def eval_settings(rec_prefix, kv_store):
     return Settings(data_train=rec_prefix + ".rec", data_val=rec_prefix + ".rec", num_classes=3,
-                    image_shape="3,32,32", batch_size=4, dali_threads=1, kv_store=kv_store)
+                    image_shape="3,32,32", batch_size=4, dali_threads=1, kv_store=kv_store, dgxngpu=ranks(kv_store))
 
 
 def pixel_net(seed):

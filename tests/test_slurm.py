@@ -1,0 +1,177 @@
+"""run.sub under a real Slurm (tests/slurm.py: munged, slurmctld and slurmd started here, the real sbatch, srun,
+squeue and scontrol): 2 ranks meet through MPI over PMIx (`srun --mpi=pmix`, Horovod built with MPI, as in the NGC
+image) on one node and across two nodes (network namespaces); tasks that cannot meet stop on the world-size check;
+scancel stops every rank. The tiny dataset of tests/test_launch.py, a few seconds of training per job.
+"""
+import json
+import math
+import re
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+import slurm
+from conftest import CHECKER_ON_A_SHORT_RUN, ENV_PATH, PYTHONPATH, ROOT
+from rn50_mx import timing
+import test_launch
+from test_launch import TINY, TINY_CLASSES, mllog
+
+tiny_data = test_launch.tiny_data  # the launch tests' fixture: 5 classes x 7 photographs, packed
+
+IMAGES = len(TINY_CLASSES) * 7
+TWO_RANKS = {**TINY, "KVSTORE": "horovod", "DISP_BATCHES": "1", "NEXP": "1", "SEED": "3", "DATESTAMP": "job"}
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """One Slurm node, this host, for the whole session."""
+    reason = slurm.missing_packages()
+    if reason:
+        pytest.skip(reason)
+    c = slurm.Cluster().start()
+    yield c
+    c.stop()
+
+
+def submit(cluster, tmp_path, env, *sbatch):
+    """`sbatch [SBATCH] run.sub` after `source config/CPU.sh` and `env`, from the repository's root; the job id."""
+    exports = "".join(f"export {name}={value!r}; " for name, value in env.items())
+    script = f"set -euo pipefail; source config/CPU.sh; {exports}sbatch --parsable -o {tmp_path}/job-%j.out " \
+             f"{' '.join(sbatch)} run.sub"
+    result = cluster.run(["bash", "-c", script], cwd=ROOT, env={"PATH": ENV_PATH, **PYTHONPATH})
+    return int(result.stdout.strip().split(";")[0])
+
+
+def job_output(tmp_path, job_id):
+    with open(tmp_path / f"job-{job_id}.out") as f:
+        return f.read()
+
+
+def assert_one_job_of_two_ranks(cluster, tmp_path, job_id, logs):
+    """The job ended well and its one trial log shows one training of world size 2."""
+    fields = cluster.wait_job(job_id, timeout=600)
+    out = job_output(tmp_path, job_id)
+    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), out[-4000:] + cluster.logs()
+    assert_one_training_of_two_ranks(logs / "job_1.log")
+    assert "no score: ResNet-50 is scored on exactly 5 runs, got 1" in out  # the trial loop's timing summary
+    return out, (logs / "job_1.log").read_text()
+
+
+def assert_one_training_of_two_ranks(log):
+    """A trial log of one training of world size 2 that the timing tool scores and the compliance checker reads."""
+    assert len(mllog(log, "init_start")) == 2  # every rank logs init_start; two trainings would log run_start twice
+    assert len(mllog(log, "run_start")) == 1 and mllog(log, "global_batch_size") == [2 * int(TINY["BATCHSIZE"])]
+    assert mllog(log, "train_samples") == [IMAGES]
+    steps = math.ceil(IMAGES / (2 * int(TINY["BATCHSIZE"])))  # each rank reads its half once per epoch
+    assert re.findall(r"epoch 1 step (\d+)/(\d+)", log.read_text())[-1] == (str(steps), str(steps))
+    assert [e["status"] for e in [event_metadata(log, "run_stop")]] == ["success"]
+    assert re.search(r"^RESULT,IMAGE_CLASSIFICATION,,\d+,", log.read_text(), re.M)
+    scored = subprocess.run([sys.executable, "-m", "rn50_mx.timing", str(log)], capture_output=True, text=True,
+                            cwd=ROOT, env={"PATH": ENV_PATH, **PYTHONPATH})
+    assert "no score: ResNet-50 is scored on exactly 5 runs, got 1" in scored.stdout, scored.stdout + scored.stderr
+    assert timing.check_compliance(str(log), "1.0.0") == CHECKER_ON_A_SHORT_RUN
+
+
+def event_metadata(path, key):
+    with open(path) as f:
+        for line in f:
+            if line.startswith(":::MLLOG ") and f'"key": "{key}"' in line:
+                return json.loads(line[len(":::MLLOG "):])["metadata"]
+    raise AssertionError(f"no {key} in {path}")
+
+
+@pytest.mark.slow
+def test_one_node_two_tasks_make_one_job_and_scancel_stops_every_rank(cluster, tiny_data, tmp_path):
+    """Trial 1 of 3 trains as one job of world size 2; scancel during trial 2 (the same SIGTERM, then SIGKILL
+    KillWait = 5 s later, as Slurm's time limit) stops both of its ranks within seconds, leaves no run_stop, and
+    the trial loop reports it and starts no trial 3. One job for both: each job costs a training's start-up."""
+    logs = tmp_path / "logs"
+    env = {**TWO_RANKS, "DGXNGPU": "2", "DATADIR": tiny_data, "LOGDIR": str(logs), "CLEAR_CACHES": "0", "NEXP": "3"}
+    job_id = submit(cluster, tmp_path, env, "-N", "1", "-t", "10")
+    deadline = time.time() + 600
+    while not (logs / "job_2.log").exists() or len(ranks_of(cluster, job_id)) < 2:
+        assert cluster.job(job_id)["JobState"] in ("PENDING", "RUNNING"), job_output(tmp_path, job_id)[-3000:]
+        assert time.time() < deadline
+        time.sleep(0.5)
+    ranks = ranks_of(cluster, job_id)
+    cluster.run(["scancel", str(job_id)])
+    tic = time.time()
+    _, alive = psutil.wait_procs(ranks, timeout=30)
+    assert not alive and time.time() - tic < 15, alive
+    assert cluster.wait_job(job_id, timeout=60)["JobState"] == "CANCELLED"
+    assert_one_training_of_two_ranks(logs / "job_1.log")
+    assert "run_stop" not in (logs / "job_2.log").read_text() and not (logs / "job_3.log").exists()
+    assert "run.sub: SIGTERM (scancel or the time limit) in trial 2 of 3: stopped without run_stop, no further " \
+           "trial" in job_output(tmp_path, job_id)
+
+
+WORLD_ERROR = ("rn50_mx.train: error: rank {rank}: {met} rank(s) met ({local} on this node), but DGXNNODES x "
+               "DGXNGPU = {nodes} x {gpus} = {want} ({gpus} per node): start one task per device, and under srun use "
+               "--mpi=pmix with Horovod built with MPI")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env,lines", [
+    # Horovod's Gloo controller without its rendezvous (what Horovod built without MPI does under srun): each task
+    # is a world of one. The old code ran two full trainings.
+    ({"DGXNGPU": "2", "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo"},
+     [WORLD_ERROR.format(rank=0, met=1, local=1, nodes=1, gpus=2, want=2)] * 2),
+    # Two ranks met, as the config's two nodes would have, but on one node: each would take the node's first device.
+    ({"DGXNGPU": "1", "DGXNNODES": "2"},
+     [WORLD_ERROR.format(rank=r, met=2, local=2, nodes=2, gpus=1, want=2) for r in (0, 1)]),
+], ids=["cannot-meet", "ranks-per-node"])
+def test_a_world_other_than_the_configs_stops_every_rank_before_run_start(cluster, tiny_data, env, lines):
+    exports = "".join(f"export {name}={value!r}; " for name, value in {**TINY, "KVSTORE": "horovod", **env}.items())
+    script = f"source config/CPU.sh; {exports}srun -n2 --mpi=pmix python -m rn50_mx.train " \
+             f"--data-train {tiny_data}/train.rec --data-val {tiny_data}/val.rec"
+    result = cluster.run(["bash", "-c", script], check=False, cwd=ROOT, env={"PATH": ENV_PATH, **PYTHONPATH},
+                         timeout=300)
+    assert result.returncode != 0
+    assert sorted(line for line in result.stderr.splitlines() if not line.startswith("srun: ")) == lines, \
+        result.stderr
+    assert "run_start" not in result.stdout and "Traceback" not in result.stderr
+
+
+def ranks_of(cluster, job_id):
+    """The training processes of a job (other trainings may run on this machine)."""
+    return [p for p in cluster.job_processes() if "rn50_mx.train" in " ".join(p.cmdline())
+            and p.environ().get("SLURM_JOB_ID") == str(job_id)]
+
+def bridge_bytes():
+    """Bytes received plus sent by the nodes' veth ends on the host: what crossed between the namespaces."""
+    total = 0
+    for i in (1, 2):
+        for way in ("rx_bytes", "tx_bytes"):
+            with open(f"/sys/class/net/rn50h{i}/statistics/{way}") as f:
+                total += int(f.read())
+    return total
+
+
+@pytest.fixture
+def two_nodes():
+    """Two Slurm nodes n1 and n2, each slurmd in its own network namespace, joined by a bridge."""
+    reason = slurm.missing_packages()
+    if reason:
+        pytest.skip(reason)
+    c = slurm.Cluster(nodes=2).start()
+    yield c
+    c.stop()
+
+
+@pytest.mark.slow
+def test_two_nodes_one_task_each_make_one_job(two_nodes, tiny_data, tmp_path):
+    logs = tmp_path / "logs"
+    env = {**TWO_RANKS, "DGXNGPU": "1", "DGXNNODES": "2", "DATADIR": tiny_data, "LOGDIR": str(logs),
+           "CLEAR_CACHES": "1"}
+    before = bridge_bytes()
+    job_id = submit(two_nodes, tmp_path, env, "-N", "2", "-t", "10")
+    out, log = assert_one_job_of_two_ranks(two_nodes, tmp_path, job_id, logs)
+    assert two_nodes.job(job_id)["NodeList"] == "n[1-2]"
+    # The per-node steps ran on each node: the cache drop, and local rank 0's binding decision.
+    assert log.count("Cleared the page cache on ") == 2 and mllog(logs / "job_1.log", "cache_clear") == [True]
+    assert out.count("run_and_time.sh: numactl not found: ranks run without CPU binding") == 2
+    # Horovod's allreduces crossed the namespaces: at least the gradients of one step (ResNet-50: 25.6M floats).
+    assert bridge_bytes() - before > 25_000_000 * 4
