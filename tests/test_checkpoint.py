@@ -56,7 +56,7 @@ def recs(tmp_path_factory):
 def argv(recs, ranks, **changes):
     flags = dict(FLAGS, data_train=recs[0], data_val=recs[1], **changes)
     if ranks == 2:
-        flags.update(batch_size=FLAGS["batch_size"] // 2, kv_store="horovod")
+        flags.update(batch_size=FLAGS["batch_size"] // 2, kv_store="horovod", dgxngpu=2)
     return [f"{config.flag_name(k)}={v}" for k, v in flags.items()]
 
 
