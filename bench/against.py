@@ -12,7 +12,7 @@ last, ...), so that other work on the machine weighs on every contender alike.
 Each epoch prints images/s and "data wait" (the share of the epoch spent inside the iterator's next()); the
 last lines give each contender's median over rounds and the ratio this tree / each COMMIT.
 
-Measured (2 cores shared with other work; see docs/throughput.md for the figures of each change).
+Figures: docs/faithful-to-the-submission.md.
 """
 import argparse
 import os
