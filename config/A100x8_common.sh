@@ -10,6 +10,7 @@ export INPUT_LAYOUT=NHWC
 export IMAGE_SHAPE=4,224,224  # RGB plus one zero channel, the reference's padded input
 
 ## Training recipe: the parts every config shares
+export NUMEXAMPLES=1281167  # ImageNet's train images, a constant as in the submission: no data read before run_start
 export OPTIMIZER=sgdwfastlars
 export KVSTORE=horovod
 export LRSCHED=pow2

@@ -14,6 +14,7 @@ export NUM_CLASSES=10
 
 # Tuned as MLPerf teams tune (fewest epochs to the target): LARS as the reference, a shorter warmup and horizon.
 export OPTIMIZER=sgdwfastlars
+export RN50_LARS_FORM=tf  # the form this recipe was tuned on; bench/lars_forms.py runs both side by side
 export BATCHSIZE=128
 export LR=4.0
 export WARMUP_EPOCHS=1

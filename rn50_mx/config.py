@@ -126,11 +126,16 @@ class Settings:
     wd: float = _opt(5e-5, "weight decay (not on BN parameters and biases)", env="WD", low=0.0)
     lars_eta: float = _opt(0.001, "LARS trust coefficient", env="LARSETA", low=0.0)
     lars_eps: float = _opt(0.0, "LARS epsilon", env="LARSEPS", low=0.0)
+    lars_form: str = _opt("submitted", "submitted: the MXNet submission's SGDwFASTLARS (layer weights' momentum "
+                          "scaled by lr_t/lr_t-1, weight decay on fc1_bias), on which its recipe was tuned; tf: the "
+                          "TF reference's (neither)", env="RN50_LARS_FORM", choices=("submitted", "tf"))
     optimizer_aggregation_size: int = _opt(60, "tensors per multi-tensor optimizer call (MXNet's kernels take "
                                            "at most 60)", env="MXNET_OPTIMIZER_AGGREGATION_SIZE", low=1, high=60)
     label_smoothing: float = _opt(0.1, "label smoothing of the loss", env="LABELSMOOTHING", low=0.0, high=0.999)
 
     # --- evaluation and stop (mlperf_fit in common/fit.py) ------------------------------------------------------------
+    bn_stats_allreduce: bool = _opt(False, "average the BatchNorm running statistics over ranks before each eval "
+                                    "(NVIDIA's v4.0 code; the v1.0 submission did not)", env="RN50_BN_STATS_ALLREDUCE")
     eval_period: int = _opt(4, "evaluate every N epochs", env="EVAL_PERIOD", low=1)
     eval_offset: int = _opt(2, "first eval after epoch offset+1 (0-based offset)", env="EVAL_OFFSET", low=0)
     accuracy_threshold: float = _opt(0.759, "stop when top-1 reaches this", env="ACCURACY_THRESHOLD",

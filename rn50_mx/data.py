@@ -12,10 +12,10 @@ nvJPEG and buffer knobs of config_NF5688M6.sh and config_NF5688M6_common.sh are 
 the GPU only.
 
 DALI 2.x has no MXNet plugin, so the iterator is ours. DALI's prefetch queue prepares the next batches while
-the model computes; the outputs reach MXNet through DLPack without a copy.
+the model computes; see Handover for how a batch reaches MXNet on each device.
 """
-import collections
 import contextlib
+import ctypes
 import io
 import math
 import os
@@ -39,7 +39,7 @@ MEAN = tuple(255 * m for m in (0.485, 0.456, 0.406))
 STD = tuple(255 * s for s in (0.229, 0.224, 0.225))
 MIB = 1 << 20
 READER = "Reader"
-KEEP_BEYOND_PREFETCH = 2  # batches DaliIter keeps referenced beyond the prefetch depth (DaliIter.hold)
+RING = 2  # MXNet buffers per iterator on the GPU (Handover): a batch is written while the previous one is read
 DALI_DTYPES = {"float32": types.FLOAT, "float16": types.FLOAT16}
 
 
@@ -238,9 +238,11 @@ def build_pipeline(s, rec, idx, train, shard, world, seed, device_id, checkpoint
 
 
 def graph(s, rec, idx, train, shard, world, gpu):
-    """The operators of one split, defined inside a Pipeline: (images, labels, source info of each sample).
+    """The operators of one split, defined inside a Pipeline: (images, labels on the images' device, labels on
+    the host for their check, source info of each sample).
 
-    gpu: decode with nvJPEG ("mixed"), which leaves the images on the GPU for resize and normalize.
+    gpu: decode with nvJPEG ("mixed"), which leaves the images on the GPU for resize and normalize; DALI copies
+    the labels to the GPU too, on its stream, within the batch it prefetches.
     """
     c, h, w = s.image_chw
     cache = train and s.dali_cache_size > 0  # common/dali.py: the cache sits on the plain decoder, readers skip hits
@@ -272,7 +274,7 @@ def graph(s, rec, idx, train, shard, world, gpu):
         images, mirror=mirror, crop=[h, w], mean=list(MEAN), std=list(STD), pad_output=c == 4,
         dtype=DALI_DTYPES[s.dtype], output_layout="CHW" if s.input_layout == "NCHW" else "HWC",
         bytes_per_sample_hint=s.dali_normalize_buffer_hint)
-    return images, labels, fn.get_property(jpegs, key="source_info")
+    return images, labels.gpu() if gpu else labels, labels, fn.get_property(jpegs, key="source_info")
 
 
 def sticks_to_shard(s, train):
@@ -305,27 +307,88 @@ def scale_matrix(images, h, w):
 
 # --- iterators ------------------------------------------------------------------------------------------
 
+def input_memory(s, val=True):
+    """Device bytes the input holds at most per process: per iterator (train, and val unless val=False), DALI's
+    prefetch queue of batches plus the RING MXNet buffers the GPU hand-over copies into (the val ones stay
+    between evals). Images at s.dtype; labels are 4 bytes a sample."""
+    c, h, w = s.image_chw
+    batch = s.batch_size * (c * h * w * np.dtype(s.dtype).itemsize + 4)
+    return (2 if val else 1) * (s.dali_prefetch_queue + RING) * batch
+
+
 def batch_shape(s):
     """(batch, C, H, W) or (batch, H, W, C), as settings.input_layout says."""
     c, h, w = s.image_chw
     return (s.batch_size, c, h, w) if s.input_layout == "NCHW" else (s.batch_size, h, w, c)
 
 
-def to_ndarray(tensor_list, ctx):
-    """A DALI output as an mx.nd on ctx without a copy: DLPack shares DALI's buffer (host or GPU memory).
+class Handover:
+    """How DALI's outputs (images, labels) become MXNet arrays on ctx.
 
-    __dlpack__() without a stream waits on the host until DALI's work on the batch is done (DALI's documented
-    meaning of stream None), so MXNet may read it on any stream. The batch must outlive later runs, since MXNet
-    computes on it asynchronously: DALI's dynamic executor gives every batch its own buffer, whereas the older
-    one reuses a buffer after `prefetch_queue_depth` runs (DALI's __dlpack__ notes say the same).
+    CPU (copy=False): DLPack shares DALI's host buffer, no copy. MXNet's CPU engine marks an operation complete
+    only after it ran, and each pushed operation holds its input arrays, so the buffer goes back to DALI (the
+    chunk's deleter, MXNet 1.9.1 include/mxnet/ndarray.h, Chunk(const TBlob&, int, deleter)) only once nothing
+    reads it; DALI's dynamic executor gives every batch its own buffer.
+
+    GPU (copy=True): a copy into one of RING persistent MXNet buffers, as DALI's MXNet plugin did. The buffer is
+    reused only after MXNDArrayWaitToWrite (MXNet's readers of it are done: the batch RING steps back, which the
+    engine has finished unless the host runs that far ahead). copy_to_external(ptr) without a stream copies on
+    a DALI stream of the tensor's own device, after DALI's work on the batch, and waits on the host for the copy
+    (DALI dali/python/backend_impl.cc, CopyToExternalImplGPU: CUDAStreamPool::Get(src.device_id()), then
+    AccessOrder::host().wait(copy_order)). So the batch is complete before MXNet is given it, on any stream,
+    whatever the calling thread's current device; and no MXNet array ever points into DALI's memory, which
+    NGC's asynchronous engine would hand back while kernels still read it.
+
+    wait_seconds: time spent waiting for DALI (its run and the copy); engine_seconds: waiting for MXNet's
+    readers of a buffer, which is the engine's time, not the input's.
     """
-    return mx.nd.from_dlpack(tensor_list.as_tensor().__dlpack__()).as_in_context(ctx)
+
+    def __init__(self, s, ctx, copy):
+        self.ctx, self.copy, self.wait_seconds, self.engine_seconds = ctx, copy, 0.0, 0.0
+        shapes = ((batch_shape(s), s.dtype), ((s.batch_size,), "float32"))
+        self.ring = [[mx.nd.zeros(shape, ctx=ctx, dtype=dtype) for shape, dtype in shapes]
+                     for _ in range(RING if copy else 0)]
+        self.count = 0
+
+    def arrays(self, images, labels):
+        """(data, label) on ctx for one batch of DALI outputs."""
+        if not self.copy:
+            return share(images).as_in_context(self.ctx), share(labels).reshape((-1,)).as_in_context(self.ctx)
+        buffers = self.ring[self.count % RING]
+        self.count += 1
+        tic = time.perf_counter()
+        for array in buffers:
+            wait_for_readers(array)
+        toc = time.perf_counter()
+        self.engine_seconds += toc - tic
+        for output, array in zip((images, labels), buffers):
+            output.copy_to_external(data_pointer(array))
+        self.wait_seconds += time.perf_counter() - toc
+        return buffers
+
+
+def share(tensor_list):
+    """A DALI host output as an mx.nd on cpu(0) without a copy (DLPack)."""
+    return mx.nd.from_dlpack(tensor_list.as_tensor().__dlpack__())
+
+
+def data_pointer(array):
+    """The address of an MXNet array's memory (MXNet's C API MXNDArrayGetData; allocated by then)."""
+    pointer = ctypes.c_void_p()
+    check_call(_LIB.MXNDArrayGetData(array.handle, ctypes.byref(pointer)))
+    return pointer
+
+
+def wait_for_readers(array):
+    """Block until every operation that reads `array` is done: MXNet's NDArray::WaitToWrite, from its C API (the
+    Python NDArray has only wait_to_read, which waits for the writers)."""
+    check_call(_LIB.MXNDArrayWaitToWrite(array.handle))
 
 
 class BatchIter(mx.io.DataIter):
     """MXNet's DataIter protocol over `len(pads)` batches per epoch; subclasses make the arrays.
 
-    wait_seconds: time the caller spent inside next() since the last reset(), i.e. waiting for data.
+    wait_seconds: time spent waiting for data since the last reset() (subclasses count it).
     """
 
     def __init__(self, s, pads, num_samples, ctx):
@@ -350,9 +413,7 @@ class BatchIter(mx.io.DataIter):
     def next(self):
         if self.position == len(self.pads):
             raise StopIteration
-        tic = time.perf_counter()
         data, label = self.produce()
-        self.wait_seconds += time.perf_counter() - tic
         pad = self.pads[self.position]
         self.position += 1
         return mx.io.DataBatch(data=[data], label=[label], pad=pad,
@@ -374,7 +435,7 @@ class DaliIter(BatchIter):
         super().__init__(s, pads, num_samples, ctx)
         self.build, self.pipe, self.rec, self.idx, self.skip = build, pipe, rec, idx, skip
         self.num_classes, self.index, self.skipped, self.epochs, self.scratch = s.num_classes, idx, [], 0, None
-        self.in_use, self.keep = collections.deque(), s.dali_prefetch_queue + KEEP_BEYOND_PREFETCH
+        self.handover = Handover(s, ctx, copy=ctx.device_type == "gpu")
         self.built_epochs = 0  # the `epochs` argument the pipeline in use was built with
 
     def reset(self):
@@ -416,37 +477,22 @@ class DaliIter(BatchIter):
         self.pipe = self.build(self.index, len(self.skipped), self.built_epochs, pipeline_state)
 
     def produce(self):
+        tic = time.perf_counter()
         while True:
             try:
                 with data_errors(self.rec, self.index):
-                    images, labels, sources = self.pipe.run()
+                    images, labels, host_labels, sources = self.pipe.run()
                 break
             except BadRecord as bad:
                 if not self.skip:
                     raise
                 self.skip_record(bad)
-        label = np.asarray(labels.as_tensor()).reshape(-1)
-        check_labels(label, sources, self.num_classes, self.rec, self.index)
-        return self.hold(to_ndarray(images, self.context)), mx.nd.array(label, ctx=self.context, dtype=np.float32)
-
-    def hold(self, data):
-        """Keep a batch that shares DALI's buffer referenced until the engine is done reading it.
-
-        When the last reference to an array made by from_dlpack goes, MXNet hands the buffer back to DALI at once
-        (ndarray.h: the chunk's deleter), without waiting for the operations that read it; with NGC's
-        MXNET_ASYNC_GPU_ENGINE no operation waits on its stream either, so the first convolution could still be
-        queued when DALI fills the buffer with a later batch. The last `keep` batches stay referenced here, and
-        the oldest is let go only after wait_for_readers()."""
-        self.in_use.append(data)
-        if len(self.in_use) > self.keep:
-            wait_for_readers(self.in_use.popleft())
-        return data
-
-
-def wait_for_readers(array):
-    """Block until every operation that reads `array` is done: MXNet's NDArray::WaitToWrite, from its C API (the
-    Python NDArray has only wait_to_read, which waits for the writers)."""
-    check_call(_LIB.MXNDArrayWaitToWrite(array.handle))
+        check_labels(np.asarray(host_labels.as_tensor()).reshape(-1), sources, self.num_classes, self.rec, self.index)
+        self.wait_seconds += time.perf_counter() - tic
+        before = self.handover.wait_seconds
+        arrays = self.handover.arrays(images, labels)
+        self.wait_seconds += self.handover.wait_seconds - before
+        return arrays
 
 
 class SyntheticIter(BatchIter):

@@ -35,8 +35,17 @@ HOST = mx.cpu(0)  # small host-side arrays: seeds, counts and barriers, reduced 
 
 def context(settings, local_rank):
     """The one device of this process, where the model, every batch and every array of the step and the eval
-    live: its GPU (gpu_index), or the CPU. train.run makes it the default context as well."""
-    return mx.gpu(gpu_index(local_rank, mx.context.num_gpus())) if settings.device == "gpu" else mx.cpu()
+    live: its GPU (gpu_index), or the CPU. train.run makes it the default context as well.
+
+    On the GPU it also becomes the calling thread's current CUDA device. MXNet's engine threads set theirs, but
+    a CUDA call made on this thread without a device (DALI's, e.g. a DLPack export without a stream, which waits
+    on the legacy stream of the current device: dali/python/backend_impl.cc ToDLMTensor) would open a context on
+    GPU 0 from every rank."""
+    if settings.device != "gpu":
+        return mx.cpu()
+    index = gpu_index(local_rank, mx.context.num_gpus())
+    use_device(index)
+    return mx.gpu(index)
 
 
 def gpu_index(local_rank, visible):
@@ -51,6 +60,14 @@ def gpu_index(local_rank, visible):
     return local_rank
 
 
+def use_device(index):
+    """cudaSetDevice(index) on this thread, through DALI's binding (dali/python/backend_impl.cc,
+    SetCUDACurrentDevice): DALI's CUDA runtime is the one whose current device DALI's calls consult."""
+    from nvidia.dali import backend
+
+    backend.SetCUDACurrentDevice(index)
+
+
 class Single:
     """One process: every collective is the identity."""
     rank, local_rank, size = 0, 0, 1
@@ -62,6 +79,9 @@ class Single:
         pass
 
     def barrier(self):
+        pass
+
+    def average_in_place(self, arrays):
         pass
 
     def trainer(self, params, optimizer, optimizer_params):
@@ -88,6 +108,11 @@ class Horovod:
     def barrier(self):
         """An allreduce every rank must reach (the reference avoids MPI_Barrier for the same reason)."""
         self.allreduce_sum(mx.nd.ones(1, ctx=HOST)).wait_to_read()
+
+    def average_in_place(self, arrays):
+        """Each array replaced by its mean over ranks, in one grouped allreduce (NVIDIA's v4.0 code averages the
+        BatchNorm running statistics so before each eval)."""
+        self.hvd.grouped_allreduce_(arrays, average=True, name=f"mean{next(_names)}")
 
     def trainer(self, params, optimizer, optimizer_params):
         """Each step allreduces the gradients in `num_groups` grouped calls (the reference: 1), priorities

@@ -190,6 +190,11 @@ def split_params(net):
             [p for p in trainable if not is_layer_weight(p.shape)])
 
 
+def running_stats(net):
+    """The BatchNorm running means and variances (every parameter without a gradient)."""
+    return [p.data() for p in net.collect_params().values() if p.grad_req == "null"]
+
+
 def count_params(net):
     """Number of trainable scalars: 25,557,032 for 1000 classes and 3 input channels."""
     weights, excluded = split_params(net)

@@ -43,8 +43,11 @@ class SmoothedCrossEntropy(gluon.HybridBlock):
 
 
 def make_loss(settings):
-    """The training loss with the settings' label smoothing (0.1 in the reference)."""
-    return SmoothedCrossEntropy(settings.label_smoothing)
+    """The training loss with the settings' label smoothing (0.1 in the reference), hybridized as the network is:
+    one cached graph per step instead of eight operators pushed one by one from Python."""
+    loss = SmoothedCrossEntropy(settings.label_smoothing)
+    loss.hybridize(static_alloc=True, static_shape=True)
+    return loss
 
 
 def lr_at(step, base_lr, end_lr, warmup_steps, total_steps, power=2):
@@ -74,24 +77,29 @@ class LARS(mx.optimizer.Optimizer):
 
     For a layer weight w with rescaled gradient g = rescale_grad * grad and weight decay wd:
         lr_i = lr * eta*||w|| / (||g|| + wd*||w|| + eps)   if ||w|| > 0 and ||g|| > 0, else lr
-        m = momentum*m - lr_i*(wd*w + g);  w = w + m
-    1-D tensors (`model.is_layer_weight` is False) take lr_i = lr; their wd is 0 through wd_mult, which
-    `make_trainer` sets. With multi_precision, float16 tensors keep a float32 master copy and float32
-    momentum; norms are taken on the master copy and on the float16 gradient cast to float32 (MXNet's CPU
-    multi_sum_sq squares float16 in float16 and loses small gradients).
+        m = mom_i*m - lr_i*(wd*w + g);  w = w + m
+    1-D tensors (`model.is_layer_weight` is False) take lr_i = lr; `make_trainer` sets their wd_mult. With
+    multi_precision, float16 tensors keep a float32 master copy and float32 momentum; norms are taken on the
+    master copy and on the gradient as it is (see grad_sq_sum).
 
-    No momentum correction: MXNet's own `lars` and the reference scale momentum by lr_t/lr_{t-1}, but only
-    on the first update call of each step (sgdwfastlars optimizer, lars_multi_mp_sgd_mom_update); REF (TF) does not,
-    and neither does this class.
-    This class replaces MXNet's built-in `lars`, which picks the excluded tensors by name suffix.
+    correct_momentum (the submission's SGDwFASTLARS, common/fit.py of training_results_v1.0): layer weights
+    take mom_i = momentum * lr_t / lr_{t-1} (1 at the first update). The submitted code scales the momentum of
+    the first aggregated update call of each step, which with MXNET_OPTIMIZER_AGGREGATION_SIZE=54 and the
+    float16 group first holds exactly the 54 layer weights; here it is tied to the layer weights, whatever the
+    grouping. Without it (the TF reference's form) every tensor takes mom_i = momentum.
+
+    Per step the learning rates and weight decays are computed on the device from arrays made once per group
+    of tensors: no host-to-device copy (nd.array waits for the engine to take its write: a step-wide sync).
     """
 
-    def __init__(self, momentum=0.9, eta=0.001, eps=0.0, **kwargs):
+    def __init__(self, momentum=0.9, eta=0.001, eps=0.0, correct_momentum=True, **kwargs):
         super().__init__(**kwargs)
         self.momentum = momentum
         self.eta = eta
         self.eps = eps
+        self.correct_momentum = correct_momentum
         self.aggregate_num = MAX_TENSORS_PER_CALL  # make_optimizer sets the configured size
+        self.groups = {}  # tuple of indices -> Group
 
     def create_state(self, index, weight):
         return nd.zeros(weight.shape, weight.context, dtype=weight.dtype)
@@ -106,30 +114,72 @@ class LARS(mx.optimizer.Optimizer):
     def update(self, index, weight, grad, state):
         self.update_multi_precision(index, weight, grad, state)
 
+    def lr_of(self, num_update):
+        return self.lr_scheduler(num_update) if self.lr_scheduler is not None else self.lr
+
+    def layer_momentum(self):
+        """The momentum of the layer weights at update num_update (see correct_momentum)."""
+        t = self.num_update
+        if not self.correct_momentum or t <= 1:
+            return self.momentum
+        return self.momentum * (self.lr_of(t) / self.lr_of(t - 1))
+
+    def group(self, index, weight):
+        """The Group of these tensors, made at their first update (the warm-up's)."""
+        key = tuple(index)
+        if key not in self.groups:
+            mults = [self.param_dict[i].lr_mult if i in self.param_dict else 1.0 for i in index]
+            self.groups[key] = Group(index, weight, mults, self._get_wds(index))
+        return self.groups[key]
+
     def update_multi_precision(self, index, weight, grad, state):
         """Update one tensor or a list of tensors of one dtype (gluon's Updater groups them so)."""
         if not isinstance(index, (tuple, list)):
             index, weight, grad, state = [index], [weight], [grad], [state]
         self._update_count(index)
-        lrs, wds = self._get_lrs(index), self._get_wds(index)
-        order = sorted(range(len(index)), key=lambda k: not is_layer_weight(weight[k].shape))
-        n_lars = sum(is_layer_weight(w.shape) for w in weight)
+        g = self.group(index, weight)
+        lrs = g.lr_mults * self.lr_of(self.num_update)
         mixed = self.multi_precision and weight[0].dtype == np.float16
-        ctx = weight[0].context
-        lrs = nd.array([lrs[k] for k in order], ctx=ctx, dtype="float32")
-        wds = nd.array([wds[k] for k in order], ctx=ctx, dtype="float32")
-        states = [tuple(state[k]) if mixed else (state[k],) for k in order]
-        if n_lars:
-            masters = [s[-1] if mixed else weight[k] for s, k in zip(states, order[:n_lars])]
-            grads32 = [grad[k].astype("float32", copy=False) for k in order[:n_lars]]
-            w_sq = nd.multi_sum_sq(*masters, num_arrays=n_lars)
-            g_sq = nd.multi_sum_sq(*grads32, num_arrays=n_lars)
-            nd.multi_lars(lrs[:n_lars], w_sq, g_sq, wds[:n_lars], eta=self.eta, eps=self.eps,
-                          rescale_grad=self.rescale_grad, out=lrs[:n_lars])
+        states = [tuple(state[k]) if mixed else (state[k],) for k in g.order]
+        n = g.n_lars
+        if n:
+            masters = [s[-1] if mixed else weight[k] for s, k in zip(states, g.order[:n])]
+            w_sq = nd.multi_sum_sq(*masters, num_arrays=n)
+            g_sq = grad_sq_sum([grad[k] for k in g.order[:n]])
+            nd.multi_lars(lrs[:n], w_sq, g_sq, g.wds[:n], eta=self.eta, eps=self.eps,
+                          rescale_grad=self.rescale_grad, out=lrs[:n])
         sgd_mom = nd.preloaded_multi_mp_sgd_mom_update if mixed else nd.preloaded_multi_sgd_mom_update
-        inputs = [a for s, k in zip(states, order) for a in (weight[k], grad[k]) + s]
-        sgd_mom(*inputs, lrs, wds, out=[weight[k] for k in order], num_weights=len(order),
-                momentum=self.momentum, rescale_grad=self.rescale_grad)
+        for part, momentum in ((slice(0, n), self.layer_momentum()), (slice(n, None), self.momentum)):
+            ks = g.order[part]
+            if ks:
+                inputs = [a for s, k in zip(states[part], ks) for a in (weight[k], grad[k]) + s]
+                sgd_mom(*inputs, lrs[part], g.wds[part], out=[weight[k] for k in ks], num_weights=len(ks),
+                        momentum=momentum, rescale_grad=self.rescale_grad)
+
+
+class Group:
+    """What one update call's tensors keep between steps: the order (layer weights first), their number, and
+    on their device the lr multipliers (Gluon's Parameter.lr_mult: 1 here, so lr_mults * lr is float32(lr) as
+nd.array([lr]) made it) and weight decays (float32), made once."""
+
+    def __init__(self, index, weight, lr_mults, wds):
+        self.order = sorted(range(len(index)), key=lambda k: not is_layer_weight(weight[k].shape))
+        self.n_lars = sum(is_layer_weight(w.shape) for w in weight)
+        ctx = weight[0].context
+        self.lr_mults = nd.array([lr_mults[k] for k in self.order], ctx=ctx, dtype="float32")
+        self.wds = nd.array([wds[k] for k in self.order], ctx=ctx, dtype="float32")
+
+
+def grad_sq_sum(grads):
+    """Sum of squares of each gradient, accumulated in float32.
+
+    On the GPU, multi_sum_sq takes float16 as it is: its kernel squares and accumulates in float32 (MXNet
+    src/operator/contrib/multi_sum_sq.cu, MultiSumSqKernel: `float val = 0`, `static_cast<float>(x[i])`).
+    MXNet's CPU kernel (multi_sum_sq.cc, MultiSumSqCPUImpl) squares and sums float16 in float16 and loses small
+    gradients, so on the CPU float16 is cast to float32 first."""
+    if grads[0].dtype == np.float16 and grads[0].context.device_type == "cpu":
+        grads = [g.astype("float32", copy=False) for g in grads]
+    return nd.multi_sum_sq(*grads, num_arrays=len(grads))
 
 
 class SGDwFastLARS(LARS):
@@ -147,7 +197,8 @@ def make_optimizer(settings, steps_per_epoch):
     common = dict(momentum=settings.mom, wd=settings.wd, lr_scheduler=schedule(settings, steps_per_epoch),
                   multi_precision=settings.dtype == "float16")
     if settings.is_lars:
-        optimizer = mx.optimizer.create(settings.optimizer, eta=settings.lars_eta, eps=settings.lars_eps, **common)
+        optimizer = mx.optimizer.create(settings.optimizer, eta=settings.lars_eta, eps=settings.lars_eps,
+                                        correct_momentum=settings.lars_form == "submitted", **common)
     else:
         optimizer = mx.optimizer.create("sgd", **common)
     # Tensors per multi-tensor update call. MXNet's own optimizers read MXNET_OPTIMIZER_AGGREGATION_SIZE from the
@@ -179,12 +230,19 @@ def assign(state, value):
         state[:] = value
 
 
+def is_fc_bias(name):
+    """The submission's test for the one 1-D tensor it decays (its set_wd_mult: 'fc' and 'bias' in the name)."""
+    return "fc" in name and "bias" in name
+
+
 def make_trainer(net, settings, steps_per_epoch, new_trainer=gluon.Trainer):
-    """A trainer for `net` in which 1-D parameters get no weight decay and the others get settings.wd.
+    """A trainer for `net` in which 1-D parameters get no weight decay and the others get settings.wd; in the
+    submission's LARS form fc1_bias gets it too (its set_wd_mult: every `*_weight` and the fc bias).
 
     `new_trainer(params, optimizer, optimizer_params)` builds it: gluon.Trainer for one process, or
     hvd.DistributedTrainer (e.g. `dist`'s `d.trainer`) for several; see the module docstring for the scaling.
     """
+    submitted = settings.is_lars and settings.lars_form == "submitted"
     for p in split_params(net)[1]:
-        p.wd_mult = 0.0
+        p.wd_mult = 1.0 if submitted and is_fc_bias(p.name) else 0.0
     return new_trainer(net.collect_params(), make_optimizer(settings, steps_per_epoch), None)

@@ -118,6 +118,9 @@ def fit(s, d, net, loss_fn, trainer, train_it, val_it, pos, saver):
         log.event("throughput", speed * d.size, metadata={K.EPOCH_NUM: epoch + 1})
         line = f"epoch {epoch + 1}: {speed * d.size:.1f} img/s, data wait {wait:.1%}, loss {loss:.4f}"
         if epoch in evals and val_it is not None:
+            if s.bn_stats_allreduce:  # each rank's statistics saw only its shard
+                mx.nd.waitall()  # BatchNorm writes them in backward, not declared to the engine (measured)
+                d.average_in_place(model.running_stats(net))
             top1, top5, n = evaluate(net, val_it, d, epoch)
             line += f", top-1 {top1:.4f}, top-5 {top5:.4f} ({n} images)"
             log.end(K.BLOCK_STOP, metadata={K.FIRST_EPOCH_NUM: pos.first + 1})
@@ -162,19 +165,23 @@ def rank_seed(s, d):
 def warm_up(net, loss_fn, trainer, s, ctx):
     """Do every first-time cost before the clock starts, then undo its effects on the model.
 
-    Two training steps on zeros (the first builds and allocates the static graphs, tunes cuDNN and creates the
-    optimizer states; MXNet's CUDA graphs capture a segment on its second run), with their gradient allreduce
-    and update, and two eval forwards. Then the weights, BatchNorm statistics, optimizer states and update count
-    are put back as they were, so the timed run is exactly the run it would have been without the warm-up."""
+    Two eval forwards, then two training steps on zeros (the first builds and allocates the static graphs, tunes
+    cuDNN and creates the optimizer states; MXNet's CUDA graphs capture a segment on its second run), with their
+    gradient allreduce and update. Training comes last: a block hybridized with static_alloc keeps one state per
+    device and re-allocates and re-initialises it whenever the `recording` flag differs from its last run (MXNet
+    1.9.1 src/imperative/cached_op.cc, StaticForward: `match = match && state.recording == recording`), so the
+    first timed step finds the training graph as the warm-up left it. Then the weights, BatchNorm
+    statistics, optimizer states and update count are put back as they were, so the timed run is exactly the
+    run it would have been without the warm-up."""
     params = list(net.collect_params().values())
     saved = [p.data().copy() for p in params]
     x = mx.nd.zeros(data.batch_shape(s), ctx=ctx, dtype=s.dtype)
     zeros = mx.io.DataBatch(data=[x], label=[mx.nd.zeros((s.batch_size,), ctx=ctx)])
     for _ in range(2):
-        train_step(net, loss_fn, trainer, zeros)
-        mx.nd.waitall()  # the training outputs are read before the eval graph reuses its static memory
+        net(x).wait_to_read()  # read before the training graph reuses the static memory
     for _ in range(2):
-        net(x).wait_to_read()
+        train_step(net, loss_fn, trainer, zeros)
+        mx.nd.waitall()
     for p, value in zip(params, saved):
         p.set_data(value)
     optim.reset_trainer(trainer)

@@ -215,18 +215,41 @@ def test_a_batch_outlives_later_batches(small_rec):
     np.testing.assert_array_equal(first.asnumpy(), kept)
 
 
-def test_a_batch_is_let_go_only_after_the_engine_is_done_with_it(small_rec, monkeypatch):
-    """A batch shares DALI's buffer, which MXNet gives back as soon as the array is dropped (the GPU may still be
-    reading it under NGC's async engine): the iterator keeps the last batches and waits on the oldest before
-    letting it go."""
+def test_a_cpu_batch_reaches_mxnet_without_a_synchronous_copy(small_rec, monkeypatch):
+    """Images and labels share DALI's host buffers: nd.array's copy waits for the engine to take its write, which
+    on the CPU engine's one worker queue waits for the operations queued before it (a step-wide sync)."""
+    train, _ = data.make_iters(settings_for(small_rec), 0, 1, 1, mx.cpu())
+    copies = []
+    real = mx.nd.NDArray._sync_copyfrom
+    monkeypatch.setattr(mx.nd.NDArray, "_sync_copyfrom", lambda self, src: (copies.append(self.shape), real(self, src)))
+    batch = train.next()
+    assert copies == []
+    assert batch.label[0].shape == (4,) and batch.label[0].dtype == np.float32
+    assert set(batch.label[0].asnumpy()) <= set(rec_labels(small_rec))
+
+
+def test_the_gpu_handover_copies_into_a_ring_after_the_readers_are_done(small_rec, monkeypatch):
+    """The GPU's hand-over run on the CPU: each batch is copied into one of RING persistent MXNet arrays, each
+    reused only after MXNDArrayWaitToWrite, with the same values as the shared batches of the same seed; an
+    engine operation pushed on a buffer before its turn comes back reads the batch it was given."""
+    s = settings_for(small_rec)
+    shared, _ = data.make_iters(s, 0, 1, 1, mx.cpu())
+    copied, _ = data.make_iters(s, 0, 1, 1, mx.cpu())
+    copied.handover = data.Handover(s, mx.cpu(), copy=True)
     waited = []
     real_wait = data.wait_for_readers
     monkeypatch.setattr(data, "wait_for_readers", lambda array: (waited.append(array), real_wait(array))[1])
-    train, _ = data.make_iters(settings_for(small_rec, dali_prefetch_queue=1), 0, 1, 1, mx.cpu())
-    keep = 1 + data.KEEP_BEYOND_PREFETCH
-    produced = [next(train).data[0] for _ in range(keep + 2)]
-    assert list(train.in_use) == produced[-keep:]  # the same arrays, still referenced
-    assert waited == produced[:2]  # each released one was waited for, oldest first
+    ring = [buffers[0] for buffers in copied.handover.ring]
+    sums = []
+    for step in range(2 * data.RING + 1):
+        a, b = shared.next(), copied.next()
+        assert b.data[0] is ring[step % data.RING]
+        np.testing.assert_array_equal(a.data[0].asnumpy(), b.data[0].asnumpy())
+        np.testing.assert_array_equal(a.label[0].asnumpy(), b.label[0].asnumpy())
+        sums.append((a.data[0].asnumpy().astype(np.float64).sum(), b.data[0].astype("float64").sum()))
+    assert [w.handle.value for w in waited[::2]] == [ring[k % data.RING].handle.value for k in range(2 * data.RING + 1)]
+    for expected, read in sums:
+        assert read.asscalar() == pytest.approx(expected, rel=1e-5)
 
 
 def test_train_epoch_accounting_is_the_same_on_every_rank(small_rec):
@@ -353,5 +376,15 @@ def test_gpu_graphs_are_valid_dali_graphs(small_rec, train, roi, cache, antialia
                      dali_hw_decoder_load=0.7, dali_preallocate_width=5980, dali_preallocate_height=6430)
     for gpu in (True, False):
         with Pipeline(batch_size=4, num_threads=1, device_id=0 if gpu else None, exec_dynamic=True):
-            images, labels, sources = data.graph(s, s.data_train, small_rec + ".idx", train, 1, 8, gpu=gpu)
-        assert images.device == ("gpu" if gpu else "cpu") and labels.device == sources.device == "cpu"
+            images, labels, host_labels, sources = data.graph(s, s.data_train, small_rec + ".idx", train, 1, 8,
+                                                              gpu=gpu)
+        device = "gpu" if gpu else "cpu"
+        assert images.device == labels.device == device and host_labels.device == sources.device == "cpu"
+
+
+def test_input_memory_is_the_queue_and_the_ring_per_iterator():
+    """NF5688M6: 408 images of 4x224x224 float16 (401,408 bytes) and a float32 label each, DALI's queue of 15
+    and the 2 MXNet buffers, for train and val: 5.57 GB (the held batches of the old hand-over doubled it)."""
+    s = Settings(batch_size=408, image_shape="4,224,224", dtype="float16", dali_prefetch_queue=15)
+    assert data.input_memory(s) == 2 * (15 + data.RING) * 408 * (401408 + 4)
+    assert data.input_memory(s, val=False) == data.input_memory(s) // 2

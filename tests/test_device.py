@@ -103,6 +103,31 @@ def test_warm_up_leaves_no_trace_on_the_run(small_rec):
         np.testing.assert_allclose(runs[True][name], value, rtol=1e-5, atol=1e-7, err_msg=name)
 
 
-def test_the_run_context_comes_from_the_device_setting():
-    assert dist.context(Settings(), 3) == mx.cpu()
+def test_warm_up_ends_with_the_training_graph(small_rec):
+    """A static_alloc block re-initialises its graph whenever `recording` differs from its last run (MXNet
+    cached_op.cc StaticForward): the warm-up's last forward must be a training one, for the network and the loss
+    (hybridized with it), or the first timed step pays the re-initialisation (and on the GPU re-captures its
+    CUDA graphs at step 2)."""
+    s = small_settings(small_rec)
+    net, loss_fn, trainer = trained_parts(s, mx.cpu())
+    recording = {"net": [], "loss": []}
+    net.register_forward_hook(lambda *_: recording["net"].append(mx.autograd.is_recording()))
+    loss_fn.register_forward_hook(lambda *_: recording["loss"].append(mx.autograd.is_recording()))
+    train.warm_up(net, loss_fn, trainer, s, mx.cpu())
+    assert recording["net"] == [False, False, True, True] and recording["loss"] == [True, True]
+
+
+def test_the_run_context_comes_from_the_device_setting(monkeypatch):
+    """On the GPU the rank's device also becomes the thread's current CUDA device (DALI's calls without a device
+    would otherwise use GPU 0 from every rank)."""
+    made_current = []
+    monkeypatch.setattr(dist, "use_device", made_current.append)
+    assert dist.context(Settings(), 3) == mx.cpu() and made_current == []
     assert dist.context(Settings(device="gpu", input_layout="NHWC", dtype="float16"), 3) == mx.gpu(3)
+    assert made_current == [3]
+
+
+def test_making_a_device_current_reaches_cuda():
+    """On this machine without a GPU, cudaSetDevice itself refuses: the call is made, through DALI's runtime."""
+    with pytest.raises(RuntimeError, match="CUDA"):
+        dist.use_device(0)

@@ -177,6 +177,39 @@ def train_worker(out, *flags):
 
 # --- tests ----------------------------------------------------------------------------------------------------
 
+def bn_stats_worker(out):
+    """Each rank's ResNet-50 BatchNorm statistics after a training forward on its own images, saved before and
+    after the average over ranks that --bn-stats-allreduce runs before each eval."""
+    s = Settings(kv_store="horovod", num_classes=3, image_shape="3,32,32")
+    d = dist.init(s)
+    mx.random.seed(3)
+    net = model.build_model(s)
+    x = mx.nd.array(np.random.RandomState(d.rank).standard_normal((4, 3, 32, 32)))
+    net.hybridize(static_alloc=True, static_shape=True)
+    with mx.autograd.record():
+        y = net(x)
+    y.backward()
+    mx.nd.waitall()  # MXNet's BatchNorm writes its running statistics in backward, unseen by a read's wait
+    stats = model.running_stats(net)
+    np.save(f"{out}.{d.rank}.before.npy", np.concatenate([a.asnumpy().ravel() for a in stats]))
+    d.average_in_place(stats)
+    np.save(f"{out}.{d.rank}.after.npy", np.concatenate([a.asnumpy().ravel() for a in stats]))
+
+
+def test_bn_statistics_are_averaged_over_two_ranks(tmp_path):
+    """Two Gloo ranks whose statistics differ end with their mean, every running mean and variance of the
+    network (106 arrays); one process keeps its own."""
+    run_to_end(2, [sys.executable, THIS, "bn_stats", str(tmp_path / "bn")], tmp_path / "out.txt")
+    before = [np.load(tmp_path / f"bn.{r}.before.npy") for r in (0, 1)]
+    after = [np.load(tmp_path / f"bn.{r}.after.npy") for r in (0, 1)]
+    assert np.abs(before[0] - before[1]).max() > 1e-3
+    np.testing.assert_allclose(after[0], (before[0] + before[1]) / 2, rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(after[0], after[1])
+    single = [mx.nd.array(before[0])]
+    dist.Single().average_in_place(single)
+    np.testing.assert_array_equal(single[0].asnumpy(), before[0])
+
+
 def load(path):
     return {k: v.asnumpy() for k, v in mx.nd.load(str(path)).items()}
 
@@ -320,7 +353,8 @@ def test_stopping_the_launcher_stops_every_rank(small_rec, tmp_path, how):
         stop_tree(proc, procs)
 
 
-WORKERS = {"equivalence": equivalence_worker, "eval": eval_worker, "train": train_worker}
+WORKERS = {"equivalence": equivalence_worker, "eval": eval_worker, "train": train_worker,
+           "bn_stats": bn_stats_worker}
 
 if __name__ == "__main__":
     WORKERS[sys.argv[1]](*sys.argv[2:])

@@ -91,7 +91,8 @@ def test_nf5688m6_config_is_the_reference_recipe():
                 "--label-smoothing": "0.1", "--optimizer": "sgdwfastlars", "--kv-store": "horovod",
                 "--dali-threads": "5", "--dali-prefetch-queue": "15", "--dali-hw-decoder-load": "0.7",
                 "--dali-tmp-buffer-hint": "355568328", "--device": "gpu", "--dtype": "float16",
-                "--input-layout": "NHWC", "--image-shape": "4,224,224", "--dgxngpu": "8"}
+                "--input-layout": "NHWC", "--image-shape": "4,224,224", "--dgxngpu": "8", "--lars-form": "submitted",
+                "--num-examples": "1281167"}
     assert {flag: table[flag][0] for flag in expected} == expected
 
 

@@ -38,7 +38,7 @@ def test_lars_matches_numpy_over_two_steps(dtype):
     rng = np.random.default_rng(0)
     weights = random_tensors(rng, dtype)
     opt = optim.LARS(momentum=MOM, eta=ETA, eps=EPS, wd=WD, rescale_grad=RESCALE, lr_scheduler=SCHEDULE,
-                     multi_precision=dtype == "float16")
+                     multi_precision=dtype == "float16", correct_momentum=False)
     opt.set_wd_mult({i: 0.0 for i, s in enumerate(SHAPES) if len(s) == 1})
     updater = mx.optimizer.get_updater(opt)
     nd_weights = [nd.array(w, dtype=dtype) for w in weights]
@@ -105,6 +105,23 @@ def test_loss_is_per_sample_and_its_gradient_is_p_minus_q():
     np.testing.assert_allclose(x.grad.asnumpy(), p - q, atol=1e-6)  # summed over samples: no 1/batch
 
 
+def test_the_loss_is_hybridized_and_computes_what_the_imperative_one_does():
+    """make_loss hybridizes (one cached graph per step); values and gradients are bit-identical on the CPU."""
+    rng = np.random.default_rng(2)
+    logits, label = nd.array(rng.standard_normal((8, 10)) * 3), nd.array(rng.integers(0, 10, 8))
+    results = []
+    for loss_fn in (optim.make_loss(Settings()), optim.SmoothedCrossEntropy(0.1)):
+        x = logits.copy()
+        x.attach_grad()
+        with autograd.record():
+            loss = loss_fn(x, label)
+        loss.backward()
+        results.append((loss.asnumpy(), x.grad.asnumpy()))
+    assert optim.make_loss(Settings())._active
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    np.testing.assert_array_equal(results[0][1], results[1][1])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["lars", "sgd"])
 def test_one_step_lowers_the_loss_and_scales_by_one_over_batch(name):
@@ -125,8 +142,92 @@ def test_one_step_lowers_the_loss_and_scales_by_one_over_batch(name):
     assert after.sum().asscalar() < before.sum().asscalar()
 
 
-def test_trainer_excludes_1d_params_from_weight_decay():
+@pytest.mark.parametrize("form", ["submitted", "tf"])
+def test_trainer_excludes_1d_params_from_weight_decay(form):
+    """The submission's form decays fc1_bias too (its set_wd_mult); the TF reference's no 1-D tensor."""
     net = model.build_model(Settings(num_classes=10))
-    optim.make_trainer(net, Settings(num_classes=10), steps_per_epoch=10)
+    optim.make_trainer(net, Settings(num_classes=10, lars_form=form), steps_per_epoch=10)
     weights, excluded = model.split_params(net)
-    assert {p.wd_mult for p in weights} == {1.0} and {p.wd_mult for p in excluded} == {0.0}
+    decayed = {p.name for p in excluded if p.wd_mult == 1.0}
+    assert {p.wd_mult for p in weights} == {1.0} and {p.wd_mult for p in excluded} <= {0.0, 1.0}
+    assert decayed == ({"fc1_bias"} if form == "submitted" else set())
+
+
+def set_grads(params, grads):
+    """Gradients as backward would leave them (Gluon's Trainer updates only arrays marked fresh by backward)."""
+    for p, g in zip(params, grads):
+        p.grad()[:] = g
+        p.data()._fresh_grad = True
+
+
+def submitted_update(weights, grads, moms, names, lr, last_lr, rescale, wd, eta, momentum, fc_bias_decay=True):
+    """One step of the submission's SGDwFASTLARS (training_results_v1.0 common/fit.py), transcribed in float64:
+    weight decay on every `*_weight` and on the fc bias (its set_wd_mult); LARS on every tensor whose name does not
+    end in gamma, beta or bias; the momentum of the first aggregated call of a step, which under the submission's
+    MXNET_OPTIMIZER_AGGREGATION_SIZE=54 holds the 54 LARS tensors, times lr_t / lr_{t-1}."""
+    for name, w, g, m in zip(names, weights, grads, moms):
+        g = rescale * g
+        decay = wd if name.endswith("_weight") or (fc_bias_decay and "fc" in name and "bias" in name) else 0.0
+        lars = not name.endswith(("gamma", "beta", "bias"))
+        lr_i = lr
+        if lars:
+            w_norm, g_norm = np.linalg.norm(w), np.linalg.norm(g)
+            if w_norm > 0 and g_norm > 0:
+                lr_i = lr * eta * w_norm / (g_norm + decay * w_norm)
+        mom = momentum * (lr / last_lr) if lars else momentum
+        m[...] = mom * m - lr_i * (decay * w + g)
+        w += m
+
+
+@pytest.mark.parametrize("form", ["submitted", "tf"])
+def test_lars_follows_the_submitted_rule_on_resnet50_shapes(form):
+    """All 161 trainable tensors of ResNet-50 (1000 classes), 3 warm-up updates, the poly decay and past its end,
+    through make_trainer as training builds it (aggregation 54, so calls mix layer weights and 1-D tensors). The
+    submitted form matches the transcription; the TF form differs from it (no momentum scaling, no fc1_bias
+    decay) and matches it with those two turned off."""
+    s = Settings(num_classes=1000, lr=2.0, end_lr=1e-4, warmup_epochs=3, num_epochs=7, wd=1e-2,
+                 optimizer_aggregation_size=54, lars_form=form)
+    mx.random.seed(0)
+    net = model.build_model(s)
+    trainer = optim.make_trainer(net, s, steps_per_epoch=1)
+    params = [p for p in net.collect_params().values() if p.grad_req != "null"]
+    names = [p.name for p in params]
+    assert len(params) == 161
+    rng = np.random.default_rng(1)
+    ref = [p.data().asnumpy().astype(np.float64) for p in params]
+    moms = [np.zeros_like(w) for w in ref]
+    schedule = optim.schedule(s, 1)
+    last_lr = schedule(1)
+    for t in range(1, 10):
+        grads = [rng.standard_normal(w.shape).astype(np.float32) * 10 ** rng.uniform(-3, 1) for w in ref]
+        set_grads(params, grads)
+        trainer.step(8)
+        lr = schedule(t)
+        if form == "submitted":
+            submitted_update(ref, grads, moms, names, lr, last_lr, 1 / 8, s.wd, s.lars_eta, s.mom)
+        else:
+            submitted_update(ref, grads, moms, names, lr, lr, 1 / 8, s.wd, s.lars_eta, s.mom, fc_bias_decay=False)
+        last_lr = lr
+    for name, p, w in zip(names, params, ref):
+        np.testing.assert_allclose(p.data().asnumpy(), w, rtol=2e-4, atol=1e-6, err_msg=name)
+
+
+def test_lars_makes_no_host_to_device_copy_after_its_first_step(monkeypatch):
+    """nd.array waits for the engine to take its write (a step-wide sync on the CPU, a blocking copy on the GPU):
+    the learning rates and weight decays of each call are built once, then computed on the device."""
+    s = Settings(num_classes=10, optimizer_aggregation_size=54)
+    net = model.build_model(s)
+    trainer = optim.make_trainer(net, s, steps_per_epoch=4)
+    params = [p for p in net.collect_params().values() if p.grad_req != "null"]
+    set_grads(params, [np.ones(p.shape, np.float32) for p in params])
+    trainer.step(4)
+    before = [p.data().asnumpy() for p in net.collect_params().values()]
+    set_grads(params, [np.ones(p.shape, np.float32) for p in params])
+    copies = []
+    real = nd.NDArray._sync_copyfrom
+    monkeypatch.setattr(nd.NDArray, "_sync_copyfrom", lambda self, src: (copies.append(self.shape), real(self, src)))
+    trainer.step(4)
+    mx.nd.waitall()
+    assert copies == []
+    after = [p.data().asnumpy() for p in net.collect_params().values()]
+    assert any(not np.array_equal(a, b) for a, b in zip(before, after)), "the step updated the weights"

@@ -109,3 +109,21 @@ def test_without_cuobjdump_the_launch_alone_decides(tmp_path):
     if shutil.which("cuobjdump") or shutil.which("cuobjdump", path=kernels.CUDA_BIN):
         pytest.skip("cuobjdump is installed here")
     assert kernels.library_archs(str(tmp_path / "libmxnet.so")) is None
+
+
+def test_one_gpu_per_process_from_nvidia_smis_answers():
+    """The verdict on nvidia-smi's compute-apps lines (pid, gpu_uuid), as a GPU machine would give them."""
+    from rn50_mx.selftest import checks
+    from rn50_mx.config import Settings
+    from rn50_mx.selftest.report import CheckFailed, Skipped
+
+    apps = "4242, GPU-aaaa\n4243, GPU-bbbb\n4243, GPU-aaaa\n"
+    assert checks.gpu_contexts(4242, apps) == "process 4242: a context on GPU-aaaa only"
+    with pytest.raises(CheckFailed, match="process 4243 holds contexts on 2 GPUs \\(GPU-aaaa, GPU-bbbb\\)"):
+        checks.gpu_contexts(4243, apps)
+    with pytest.raises(Skipped, match="no context of process 7"):
+        checks.gpu_contexts(7, apps)
+    with pytest.raises(Skipped, match="no context"):
+        checks.gpu_contexts(4242, "")
+    with pytest.raises(Skipped, match="CPU run"):
+        checks.one_gpu(Settings())

@@ -16,7 +16,7 @@ import pytest
 
 from rn50_mx import config, data, dist, model, optim, prep_rec, timing, train
 from rn50_mx.config import Settings
-from conftest import CHECKER_ON_A_SHORT_RUN, assert_one_line_naming
+from conftest import CHECKER_ON_A_SHORT_RUN, assert_one_line_naming, sourced
 
 CLASSES = ("1_trouser", "5_sandal", "8_bag")  # Fashion-MNIST folders; labels 0, 1, 2 in this order
 PER_CLASS = 10
@@ -235,6 +235,21 @@ def test_a_missing_train_rec_is_one_line_naming_it(tmp_path):
     result = run_train([f"--data-train={missing}", "--num-classes=3", "--image-shape=3,32,32"])
     assert_one_line_naming(result, missing)
     assert result.returncode == 2
+
+
+def test_imagenet_configs_touch_no_data_before_run_start(tmp_path):
+    """The ImageNet configs size the schedule from NUMEXAMPLES (the 1,281,167 images the submission's code
+    takes as a constant), so nothing reads the data before run_start: with the data not there, run_start is
+    logged first, and only then does the run stop, on the missing file, in one line."""
+    for system in ("NF5688M6", "NF5488A5", "DGXA100", "DGXA100_multi_8x8x204"):
+        assert sourced(system, "echo \"$NUMEXAMPLES\"").stdout.strip() == "1281167", system
+    numexamples = "1281167"
+    missing, log = str(tmp_path / "not-yet" / "train.rec"), tmp_path / "mlperf.log"
+    result = run_train([f"--data-train={missing}", "--num-classes=3", "--image-shape=3,32,32", "--batch-size=2",
+                        f"--mllog-file={log}"], env={"NUMEXAMPLES": numexamples})
+    assert_one_line_naming(result, missing)
+    keys = [key for key, _, _ in events(log)]
+    assert "run_start" in keys and "train_samples" not in keys
 
 
 # --- exit ---------------------------------------------------------------------------------------------------

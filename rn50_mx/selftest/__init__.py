@@ -51,6 +51,7 @@ def device_checks(s, ranks, steps, flags):
     ctx = dist.context(s, 0)
     rows = []
     with ctx:
+        attempt(rows, "input memory", checks.input_memory, s, ctx)
         iters = attempt(rows, "pipelines", checks.pipelines, s, ctx)
         net = checks.configured_network(s, ctx)
         if iters:
@@ -58,6 +59,7 @@ def device_checks(s, ranks, steps, flags):
             attempt(rows, "layout/precision", checks.layout_precision, s, ctx, net, next(iters[0]))
         attempt(rows, "lars float16", checks.lars_step, s, ctx)
         attempt(rows, "allreduce", checks.allreduce, s, ranks, flags)
+        attempt(rows, "one GPU per process", checks.one_gpu, s)
         if iters:
             attempt(rows, "train steps", checks.timed_steps, s, ctx, steps)
             attempt(rows, "eval", checks.evaluation, net, iters[1])

@@ -138,8 +138,60 @@ def allreduce_worker(s):
         if total.context != ctx or not (total.asnumpy() == expected).all():
             raise InputError(f"rank {d.rank}: {dtype} allreduce gave {total[:1].asscalar()} on {total.context}, "
                              f"expected {expected} on {ctx}")
+    if s.device == "gpu":
+        try:
+            gpu_contexts(os.getpid(), compute_apps())
+        except CheckFailed as err:
+            raise InputError(f"rank {d.rank}: {err}") from None
+        except Skipped:
+            pass
     print(f"ALLREDUCE OK rank {d.rank} on {ctx}", flush=True)
     return 0
+
+
+def input_memory(s, ctx):
+    """The device memory the input holds (data.input_memory) against the GPU's, or on its own on the CPU."""
+    from .. import data
+
+    need = data.input_memory(s, val=bool(s.data_val))
+    detail = f"{need / 2**30:.2f} GiB for the input (DALI's queue + {data.RING} MXNet buffers per iterator)"
+    if ctx.device_type != "gpu":
+        return detail
+    import mxnet as mx
+
+    _, total = mx.context.gpu_memory_info(ctx.device_id)
+    detail += f" of the GPU's {total / 2**30:.1f} GiB"
+    if need > total / 2:
+        raise CheckFailed(detail + ": more than half of it, which the model, its activations and cuDNN need")
+    return detail
+
+
+def one_gpu(s):
+    """This process holds a CUDA context on exactly one GPU (the allreduce check asks the same of every rank)."""
+    if s.device != "gpu":
+        raise Skipped("CPU run")
+    return gpu_contexts(os.getpid(), compute_apps())
+
+
+def compute_apps():
+    """nvidia-smi's list of processes holding a context: "pid, gpu_uuid" lines."""
+    if not shutil.which("nvidia-smi"):
+        raise Skipped("nvidia-smi not found")
+    return subprocess.run(["nvidia-smi", "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"],
+                          capture_output=True, text=True, timeout=60).stdout
+
+
+def gpu_contexts(pid, apps):
+    """The verdict on `pid` from nvidia-smi's compute-apps lines: one GPU is right; several mean that a thread
+    of the process used a GPU other than its own (e.g. GPU 0 from every rank); none, that nvidia-smi cannot see
+    it (a container without the host's PID namespace lists no process)."""
+    gpus = sorted({uuid.strip() for p, _, uuid in (line.partition(",") for line in apps.splitlines())
+                   if p.strip() == str(pid)})
+    if not gpus:
+        raise Skipped(f"nvidia-smi lists no context of process {pid} (in a container: no host PID namespace)")
+    if len(gpus) > 1:
+        raise CheckFailed(f"process {pid} holds contexts on {len(gpus)} GPUs ({', '.join(gpus)}): one expected")
+    return f"process {pid}: a context on {gpus[0]} only"
 
 
 def evaluation(net, val_it):
