@@ -9,8 +9,8 @@ Eight GPUs (NCCL), as the reference:
     source config/NF5688M6.sh && ./run_with_docker.sh
 
 Order as the reference (train_imagenet.py and run_with_docker.sh): build, initialise, broadcast and warm up ->
-run_start -> open the data (the first
-time it is touched) -> epochs, with evals on the schedule -> run_stop as soon as top-1 reaches the target.
+run_start -> open the data (the first time it is touched) -> epochs, with evals on the schedule -> run_stop as soon
+as top-1 reaches the target.
 """
 import random
 import signal
