@@ -48,9 +48,9 @@ CHECK_PERIOD = 4  # steps between the stop-flag allreduces: a stop lands 4 to 8 
 RESUMABLE = "resumable"  # fit's status when it stopped after writing a checkpoint
 RESUMABLE_EXIT = 75  # the exit status of a resumable stop (EX_TEMPFAIL), which trials.sh reports as such
 KEPT = 2  # complete checkpoints kept: the newest and the one before it
+FINISHED = "finished"  # written when the run ends with run_stop: its checkpoints are not to be resumed
 # Settings that do not change what a run computes; every other one must match the checkpoint's. The world size is
 # compared instead of the node and GPU counts.
-FINISHED = "finished"  # written when the run ends with run_stop: its checkpoints are not to be resumed
 FREE = {"checkpoint_dir", "checkpoint_every", "save_model", "mllog_file", "disp_batches", "exit_timeout",
         "cache_cleared", "submission_org", "dgxsystem", "dgxnnodes", "dgxngpu", "seed"}
 
