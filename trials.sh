@@ -90,9 +90,10 @@ one_trial() {
     ) |& tee "${logs[-1]}"
 }
 
-# Runs "$@" in a process group of its own and waits for it. A SIGTERM or SIGINT reaching the launcher is passed to
-# that whole group (run_and_time.sh, horovodrun, the ranks, tee); the launcher then waits for it to end and exits
-# 128 + the signal, with no further trial: a stopped launcher leaves nothing running.
+# Runs "$@" in a process group of its own and waits for it: every command the launcher starts that may take long
+# (the settings check, the self-test, each trial). A SIGTERM or SIGINT reaching the launcher is passed to that whole
+# group (run_and_time.sh, horovodrun, the ranks, tee); the launcher then waits for it to end and exits 128 + the
+# signal, with no further trial: a stopped launcher leaves nothing running.
 run_in_group() {
     local group status=0
     set -m
@@ -116,12 +117,12 @@ stop_group() {
 run_trials() {
     local i seed used_seeds=" " logs=() seen_logs=() failed=()
     # Fail before any trial on a bad setting or a missing data file: one line naming it.
-    run_tool python -m rn50_mx.config --check --data-train "${DATA_SEEN_AS}/train.rec" \
+    run_in_group run_tool python -m rn50_mx.config --check --data-train "${DATA_SEEN_AS}/train.rec" \
         --data-val "${DATA_SEEN_AS}/val.rec" >/dev/null
     # SELFTEST=1: the self-test of the stack, the config and the data first (README "GPU users"); a failed check
     # stops the launch before any trial.
     if [[ "${SELFTEST:-0}" == 1 ]]; then
-        run_tool python -m rn50_mx.selftest --data-train "${DATA_SEEN_AS}/train.rec" \
+        run_in_group run_tool python -m rn50_mx.selftest --data-train "${DATA_SEEN_AS}/train.rec" \
             --data-val "${DATA_SEEN_AS}/val.rec" || die "the self-test failed (its table says which check): no trial ran"
     fi
     for ((i = 1; i <= NEXP; i++)); do

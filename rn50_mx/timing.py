@@ -28,7 +28,7 @@ from mlperf_logging.compliance_checker.mlp_parser import parse_file
 from mlperf_logging.rcp_checker import rcp_checker
 from mlperf_logging.result_summarizer import result_summarizer
 
-from . import recipe
+from . import files, recipe
 from .errors import InputError, run_cli
 
 USAGE = recipe.USAGE
@@ -339,12 +339,15 @@ def plot(report, png):
         axes.grid(alpha=0.3)
         axes.legend(fontsize="small")
     fig.tight_layout()
+    tmp = files.temp_name(png)  # a reader sees the old picture or the whole new one
     try:
-        fig.savefig(png, dpi=100)
+        fig.savefig(tmp, dpi=100, format="png")
+        os.replace(tmp, png)
     except OSError as err:
         raise InputError(f"{png}: cannot write the plot ({err.strerror})") from None
     finally:
         plt.close(fig)
+        files.remove_quietly(tmp)
 
 
 def parse_args(argv=None):
@@ -363,14 +366,15 @@ def parse_args(argv=None):
 def main(argv=None):
     """Read the logs, check each one, and print the report (and draw the plot)."""
     args = parse_args(argv)
-    runs = [read_run(path, args.ruleset) for path in find_logs(args.paths)]
-    for run in runs:
-        run.compliance, run.compliance_reason = check_compliance(run.path, args.ruleset)
-    report = build_report(runs, args.ruleset, args.rcp)
-    print(json.dumps(report, indent=2) if args.json else format_report(report))
-    if args.plot:
-        plot(report, args.plot)
-        print(f"timing: wrote the plot to {os.path.abspath(args.plot)}", file=sys.stderr)
+    with files.owned(args.plot) if args.plot else contextlib.nullcontext():  # the plot's folder, checked first
+        runs = [read_run(path, args.ruleset) for path in find_logs(args.paths)]
+        for run in runs:
+            run.compliance, run.compliance_reason = check_compliance(run.path, args.ruleset)
+        report = build_report(runs, args.ruleset, args.rcp)
+        print(json.dumps(report, indent=2) if args.json else format_report(report))
+        if args.plot:
+            plot(report, args.plot)
+            print(f"timing: wrote the plot to {os.path.abspath(args.plot)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -411,3 +411,36 @@ def test_sigterm_on_run_with_docker_stops_the_running_trial(shared, tmp_path):
         for p in [*procs, psutil.Process(proc.pid)] if proc.poll() is None else procs:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
+
+
+@pytest.mark.slow
+def test_sigterm_before_the_first_trial_stops_the_self_test(shared, tmp_path):
+    """SELFTEST=1: the old launcher ran the self-test outside any trial's group and died alone on SIGTERM, leaving
+    the self-test (minutes on a GPU node) running."""
+    env = {**TINY, "DATADIR": shared["data"], "LOGDIR": str(tmp_path / "logs"), "NEXP": "1", "DATESTAMP": "t",
+           "SELFTEST": "1"}
+    command, _ = launcher("./run_with_docker.sh", env)
+    out = tmp_path / "out.txt"
+    with open(out, "w") as sink:
+        proc = subprocess.Popen(command, env={"PATH": ENV_PATH, "HOME": "/tmp", **PYTHONPATH}, cwd=ROOT,
+                                stdout=sink, stderr=subprocess.STDOUT)
+    procs = []
+    try:
+        deadline = time.time() + 120
+        while not any("rn50_mx.selftest" in " ".join(p.cmdline()) for p in procs):
+            assert proc.poll() is None and time.time() < deadline, out.read_text()[-3000:]
+            time.sleep(0.2)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                procs = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 143
+        _, alive = psutil.wait_procs(procs, timeout=15)
+        alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not alive, [p.cmdline() for p in alive]
+        text = out.read_text()
+        assert "run_with_docker.sh: stopped by SIGTERM; no further trial runs" in text
+        assert "Beginning trial" not in text
+    finally:
+        for p in [*procs, psutil.Process(proc.pid)] if proc.poll() is None else procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()

@@ -1,5 +1,6 @@
 """rn50_mx.timing on the five official Inspur NF5688M6 v1.0 result logs, and on edited copies of them."""
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -7,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rn50_mx import timing
+from conftest import PYTHONPATH, assert_one_line_naming
+from rn50_mx import files, timing
 from rn50_mx.errors import run_cli
 
 FIXTURE = Path(__file__).parent / "data" / "inspur_nf5688m6"
@@ -194,3 +196,24 @@ def test_plot_says_where_the_picture_went(tmp_path, capsys):
     png = tmp_path / "runs.png"
     timing.main([str(FIXTURE / "result_1.txt"), "--plot", str(png)])
     assert capsys.readouterr().err == f"timing: wrote the plot to {png}\n" and png.stat().st_size > 20000
+
+
+def test_plot_output_is_checked_before_the_logs_are_read_and_owned_while_written(tmp_path):
+    """A --plot into a missing folder is one line before any work (the report is not printed); a second writer of
+    the same picture meets the first's lock in one line; the picture is written under a temporary name."""
+    missing = tmp_path / "no" / "runs.png"
+    result = subprocess.run([sys.executable, "-m", "rn50_mx.timing", str(FIXTURE / "result_1.txt"), "--plot",
+                             str(missing)], capture_output=True, text=True, env={**os.environ, **PYTHONPATH})
+    assert_one_line_naming(result, f"{missing}.lock")
+    assert result.stdout == ""
+    png = tmp_path / "runs.png"
+    held = files.lock_file(f"{png}.lock")
+    try:
+        result = subprocess.run([sys.executable, "-m", "rn50_mx.timing", str(FIXTURE / "result_1.txt"), "--plot",
+                                 str(png)], capture_output=True, text=True, env={**os.environ, **PYTHONPATH})
+        assert_one_line_naming(result, "another process is writing this output now")
+        assert not png.exists() and result.stdout == ""
+    finally:
+        os.close(held)
+    timing.main([str(FIXTURE / "result_1.txt"), "--plot", str(png)])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and sorted(os.listdir(tmp_path)) == ["runs.png"]
