@@ -24,6 +24,7 @@ for a stop. Every CHECK_PERIOD steps the ranks sum their requests in a tiny allr
 so that no step waits for it; all ranks see the same sum at the same step, write a checkpoint there and exit 75.
 Without a folder nothing changes: the default actions end a rank at once (dist.py says why).
 """
+import contextlib
 import dataclasses
 import fcntl
 import json
@@ -39,7 +40,7 @@ import zlib
 import mxnet as mx
 import numpy as np
 
-from . import config, dist
+from . import config, dist, files
 from .errors import InputError
 
 STEP = re.compile(r"^step-(\d+)$")
@@ -372,14 +373,31 @@ class NoStops:
 
 # --- the saved model --------------------------------------------------------------------------------------
 
+MODEL_FILES = ("-0000.params", "-symbol.json")
+
+
+def model_output(s, d):
+    """What --save-model will write, checked and owned from the start of the run (rank 0 writes it): an existing model
+    is kept, an unwritable folder or a second run saving there is one line now, not after the training."""
+    if not s.save_model or d.rank != 0:
+        return contextlib.nullcontext()
+    for suffix in MODEL_FILES:
+        if os.path.exists(s.save_model + suffix):
+            raise InputError(f"--save-model {s.save_model}: {s.save_model + suffix} exists; the model there is kept "
+                             "(give another path)")
+    return files.owned(s.save_model)
+
+
 def save_model(net, path):
     """PATH-symbol.json and PATH-0000.params (HybridBlock.export), each written under a temporary name first."""
-    tmp = f"{path}.tmp{os.getpid()}"
+    tmp = files.temp_name(path)
     try:
         net.export(tmp)
-        for suffix in ("-0000.params", "-symbol.json"):
+        for suffix in MODEL_FILES:
             fsync_path(tmp + suffix)
             os.replace(tmp + suffix, path + suffix)
     except (OSError, mx.base.MXNetError) as err:
         raise InputError(f"--save-model {path}: cannot write ({first_line(err)})") from None
-    return path + "-0000.params", path + "-symbol.json"
+    finally:
+        files.remove_quietly(*(tmp + suffix for suffix in MODEL_FILES))
+    return tuple(path + suffix for suffix in MODEL_FILES)

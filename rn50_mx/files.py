@@ -77,8 +77,9 @@ def temp_name(path):
 
 
 def remove_quietly(*paths):
+    """Remove what of `paths` is there (a path through a file is not there either)."""
     for path in paths:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             os.remove(path)
 
 

@@ -199,20 +199,21 @@ def arm_exit_alarm(seconds):
 def run(s):
     """The whole timed run; returns the run_stop status, or checkpoint.RESUMABLE."""
     d = dist.init(s)
-    saver = checkpoint.Checkpoints(s, d) if s.checkpoint_dir else None
-    if saver and saver.meta and s.seed is None:  # the resumed run draws from the seed the checkpoint's run drew
-        s = s.replace(seed=saver.meta["seed"])
-    log.configure(d.rank, s.mllog_file)
-    log.start(K.INIT_START, every_rank=True)
-    if saver and saver.meta:
-        log.event("resumed_from", saver.resume, metadata={K.EPOCH_NUM: saver.meta["epoch"] + 1,
-                                                          "step": saver.meta["step"]})
-    log.submission(s)
-    base_seed, seed = rank_seed(s, d)
-    log.event(K.SEED, base_seed)
-    ctx = dist.context(s, d.local_rank)
-    with ctx:  # an array made without an explicit context lands on the run's device, never on cpu(0) by default
-        return train_on(s, d, ctx, base_seed, seed, saver)
+    with checkpoint.model_output(s, d):  # checked and owned before any work
+        saver = checkpoint.Checkpoints(s, d) if s.checkpoint_dir else None
+        if saver and saver.meta and s.seed is None:  # the resumed run draws from the seed the checkpoint's run drew
+            s = s.replace(seed=saver.meta["seed"])
+        log.configure(d.rank, s.mllog_file)
+        log.start(K.INIT_START, every_rank=True)
+        if saver and saver.meta:
+            log.event("resumed_from", saver.resume, metadata={K.EPOCH_NUM: saver.meta["epoch"] + 1,
+                                                              "step": saver.meta["step"]})
+        log.submission(s)
+        base_seed, seed = rank_seed(s, d)
+        log.event(K.SEED, base_seed)
+        ctx = dist.context(s, d.local_rank)
+        with ctx:  # an array made without an explicit context lands on the run's device, never on cpu(0) by default
+            return train_on(s, d, ctx, base_seed, seed, saver)
 
 
 def train_on(s, d, ctx, base_seed, seed, saver):

@@ -359,6 +359,26 @@ def test_save_model_to_an_unwritable_path_is_one_line(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["file", "model-0000.params", "model-symbol.json"]
 
 
+def test_save_model_is_checked_and_owned_before_the_run(tmp_path):
+    """An unwritable --save-model was found out after the whole training; an existing model was replaced."""
+    flags = ["--synthetic", "1", "--num-examples", "8", "--batch-size", "4", "--num-epochs", "1", "--warmup-epochs",
+             "0", "--eval-offset", "0", "--image-shape", "3,32,32", "--num-classes", "3"]
+
+    def train(model):
+        return subprocess.run([sys.executable, "-m", "rn50_mx.train", *flags, "--save-model", str(model)],
+                              env=clean_environ(), capture_output=True, text=True, timeout=240)
+
+    (tmp_path / "file").write_text("")
+    result = train(tmp_path / "file" / "model")
+    assert_one_line_naming(result, f"{tmp_path}/file/model.lock: cannot create")
+    assert "run_start" not in result.stdout + result.stderr
+    (tmp_path / "model-0000.params").write_bytes(b"old")
+    result = train(tmp_path / "model")
+    assert_one_line_naming(result, f"{tmp_path}/model-0000.params exists; the model there is kept")
+    assert (tmp_path / "model-0000.params").read_bytes() == b"old"
+    assert sorted(os.listdir(tmp_path)) == ["file", "model-0000.params"]
+
+
 # --- evaluate --------------------------------------------------------------------------------------------------
 
 def evaluate(recs, ranks, *extra, **changes):

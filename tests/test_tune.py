@@ -35,7 +35,7 @@ def test_fragment_round_trips_through_the_launchers_and_config_check(small_rec, 
     shutil.copy(os.path.join(ROOT, "config", "CPU.sh"), tmp_path / "config" / "CPU.sh")
     path = str(tmp_path / "config" / "CPU_tuned.sh")
     output.write_fragment(path, output.fragment(s, space.start(s), choice, (0.9, 0.97), "test"))
-    assert not os.path.exists(path + ".tmp")
+    assert sorted(os.listdir(tmp_path / "config")) == ["CPU.sh", "CPU_tuned.sh"]  # no temporary or lock left
     result = bash(f"set -euo pipefail; LAUNCHER=test; source trials.sh; source {tmp_path}/config/CPU.sh; "
                   f"export DALI_PREFETCH_QUEUE=4 BATCHSIZE=4; source_tuned {tmp_path}/config/CPU.sh; "
                   f"python -m rn50_mx.config --check --data-train {small_rec}.rec", env=SMALL, timeout=300)
