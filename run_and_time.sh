@@ -103,7 +103,9 @@ fi
 # The stream is also kept in a temporary file, from which this run's outcome is read.
 stream=$(mktemp)
 trap 'rm -f "$stream"' EXIT
-"${LAUNCH[@]}" > >(sed -u -E '/^(\[[0-9,]+\]<std(out|err)>:)?:::MLLOG /s/\[[0-9,]+\]<std(out|err)>://g' | tee "$stream") &
+# The filter ignores SIGUSR1 (Slurm's --signal reaches it too): the ranks, which checkpoint on it, keep their output.
+"${LAUNCH[@]}" > >(trap '' USR1; sed -u -E '/^(\[[0-9,]+\]<std(out|err)>:)?:::MLLOG /s/\[[0-9,]+\]<std(out|err)>://g' |
+                  tee "$stream") &
 launcher=$!
 # horovodrun with MPI (the NGC image's; here too) runs mpirun under `/bin/sh -c`, which does not pass a SIGTERM on:
 # mpirun, which stops the ranks, gets it first.
@@ -112,12 +114,16 @@ stop_launcher() {
     kill -TERM $(pgrep -P "$launcher") "$launcher" 2>/dev/null || true
 }
 trap stop_launcher TERM INT
+# Slurm's --signal=USR1 (run.sub) reaches every process of the step, this script too: the ranks write a checkpoint and
+# stop (RN50_CHECKPOINT_DIR), and this script, which would die of it, waits for them and reads the outcome.
+trap ':' USR1
+# A trapped signal ends `wait` early (status 128 + the signal): wait until the launcher has ended, then take its own
+# status, which bash keeps for a pid it has reaped.
+wait "$launcher" || true
+while kill -0 "$launcher" 2>/dev/null; do wait "$launcher" || true; done
 status=0
 wait "$launcher" || status=$?
-while kill -0 "$launcher" 2>/dev/null; do  # a trapped signal ends `wait` early: wait for the launcher to stop
-    wait "$launcher" || status=$?
-done
-trap - TERM INT
+trap - TERM INT USR1
 wait  # the log filter, so that its last lines come before ENDING/RESULT
 
 # The value of the MLPerf event `key` ($1) in this run's lines, or nothing (the first one; `status` ($1 =

@@ -9,6 +9,7 @@
 #   drop_caches    drops the page cache wherever the trial reads its data; fails when that is not permitted
 #   run_tool CMD   runs a one-off command (the settings check, the timing tool) where rn50_mx is installed
 #   DATA_SEEN_AS, LOGS_SEEN_AS   DATADIR and LOGDIR as run_tool sees them
+#   on_resumable_stop (optional)  called when a trial stopped resumable (exit 75), before the loop exits 75
 
 say_error() { echo "${LAUNCHER}: $*" >&2; }
 die() { say_error "$@"; exit 2; }
@@ -107,10 +108,14 @@ run_in_group() {
     return "$status"
 }
 
+# scancel and Slurm's time limit end run.sub this way too (SIGTERM to the batch script and to every task).
+# shellcheck disable=SC2154  # i: the trial loop's, set while a trial runs
 stop_group() {
+    local where="before the first trial"
+    [[ -z "${i:-}" ]] || where="in trial ${i} of ${NEXP} (no run_stop)"
     kill -"$2" -- "-$1" 2>/dev/null
-    while kill -0 "$1" 2>/dev/null; do wait "$1"; done
-    say_error "stopped by SIG$2; no further trial runs"
+    while kill -0 "$1" 2>/dev/null; do wait "$1" || true; done  # its status is the signal's: not an error here
+    say_error "stopped by SIG$2 ${where}; no further trial runs"
     exit "$3"
 }
 
@@ -134,6 +139,7 @@ run_trials() {
         run_in_group one_trial "$i" "$seed" || trial_status=$?
         if (( trial_status == 75 )); then
             say_error "trial ${i} of ${NEXP}: stopped, resumable; no further trial runs"
+            if declare -F on_resumable_stop >/dev/null; then on_resumable_stop; fi
             exit 75
         elif (( trial_status != 0 )); then
             failed+=("$i")

@@ -123,8 +123,11 @@ def test_the_run_context_comes_from_the_device_setting(monkeypatch):
     made_current = []
     monkeypatch.setattr(dist, "use_device", made_current.append)
     assert dist.context(Settings(), 3) == mx.cpu() and made_current == []
-    assert dist.context(Settings(device="gpu", input_layout="NHWC", dtype="float16"), 3) == mx.gpu(3)
-    assert made_current == [3]
+    gpu = Settings(device="gpu", input_layout="NHWC", dtype="float16")
+    monkeypatch.setattr(mx.context, "num_gpus", lambda: 8)  # the answer of a node with 8 visible GPUs
+    assert dist.context(gpu, 3) == mx.gpu(3) and made_current == [3]
+    monkeypatch.setattr(mx.context, "num_gpus", lambda: 1)  # Slurm gave the task one GPU: it is GPU 0 to it
+    assert dist.context(gpu, 3) == mx.gpu(0) and made_current == [3, 0]
 
 
 def test_making_a_device_current_reaches_cuda():

@@ -180,7 +180,7 @@ def train_worker(out, *flags):
 def bn_stats_worker(out):
     """Each rank's ResNet-50 BatchNorm statistics after a training forward on its own images, saved before and
     after the average over ranks that --bn-stats-allreduce runs before each eval."""
-    s = Settings(kv_store="horovod", num_classes=3, image_shape="3,32,32")
+    s = Settings(kv_store="horovod", num_classes=3, image_shape="3,32,32", dgxngpu=2)
     d = dist.init(s)
     mx.random.seed(3)
     net = model.build_model(s)

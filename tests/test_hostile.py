@@ -345,7 +345,8 @@ if sys.orig_argv[1:3] == ["-m", "rn50_mx.train"]:
 # A rank that hangs on its way out after run_stop success (rank 1 of 2): its exit alarm ends it and horovodrun
 # exits 1; the log says success.
 HANGS_AT_EXIT = """import atexit, os, sys, time
-if sys.orig_argv[1:3] == ["-m", "rn50_mx.train"] and os.environ.get("HOROVOD_RANK") == "1":
+rank = os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK"))  # horovodrun's Gloo, or mpirun
+if sys.orig_argv[1:3] == ["-m", "rn50_mx.train"] and rank == "1":
     atexit.register(time.sleep, 600)
 """
 
@@ -371,7 +372,8 @@ def test_a_resumable_stop_ends_the_trials_with_75(shared, tmp_path):
 
 @pytest.mark.slow
 def test_run_stop_success_is_success_when_a_rank_hangs_at_exit(shared, tmp_path):
-    """Two Gloo ranks; rank 1 hangs after run_stop and its alarm ends it: horovodrun exits 1, the trial succeeded."""
+    """Two ranks under horovodrun (MPI, as Horovod is built here and in the image); rank 1 hangs after run_stop and
+    its alarm ends it: horovodrun exits non-zero, the trial succeeded."""
     env = {**TINY, "DGXNGPU": "2", "KVSTORE": "horovod", "DATADIR": shared["data"], "RN50_EXIT_TIMEOUT": "2"}
     command, _ = launcher("./run_and_time.sh", env)
     result = run(command, site(tmp_path, HANGS_AT_EXIT), timeout=600)
@@ -404,7 +406,7 @@ def test_sigterm_on_run_with_docker_stops_the_running_trial(shared, tmp_path):
         alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         assert not alive, [p.cmdline() for p in alive]
         text = out.read_text()
-        assert "run_with_docker.sh: stopped by SIGTERM; no further trial runs" in text
+        assert "run_with_docker.sh: stopped by SIGTERM in trial 1 of 2 (no run_stop); no further trial runs" in text
         assert "RESULT," not in text and "Beginning trial 2" not in text
         assert files_in(tmp_path / "logs") == ["t_1.log"]
     finally:
@@ -438,9 +440,36 @@ def test_sigterm_before_the_first_trial_stops_the_self_test(shared, tmp_path):
         alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         assert not alive, [p.cmdline() for p in alive]
         text = out.read_text()
-        assert "run_with_docker.sh: stopped by SIGTERM; no further trial runs" in text
+        assert "run_with_docker.sh: stopped by SIGTERM before the first trial; no further trial runs" in text
         assert "Beginning trial" not in text
     finally:
         for p in [*procs, psutil.Process(proc.pid)] if proc.poll() is None else procs:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
+
+
+@pytest.mark.slow
+def test_slurms_sigusr1_to_every_process_of_a_trial_stops_it_resumable(shared, tmp_path):
+    """Slurm's --signal=USR1 (run.sub) reaches every process of the step: run_and_time.sh died of it (bash's default
+    action) while the rank wrote its checkpoint, so the trial was a failure and the job was not requeued."""
+    folder = tmp_path / "ckpt"
+    env = {**TINY, "NUMEPOCHS": "200", "ACCURACY_THRESHOLD": "1.0", "DATADIR": shared["data"],
+           "RN50_CHECKPOINT_DIR": str(folder)}
+    command, _ = launcher("./run_and_time.sh", env)
+    out = tmp_path / "out.txt"
+    with open(out, "w") as sink:
+        proc = subprocess.Popen(command, env={"PATH": ENV_PATH, "HOME": "/tmp", **PYTHONPATH}, cwd=ROOT,
+                                stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while '"key": "epoch_start"' not in out.read_text():
+            assert proc.poll() is None and time.time() < deadline, out.read_text()[-3000:]
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGUSR1)
+        assert proc.wait(timeout=120) == 75, out.read_text()[-3000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = out.read_text()
+    assert "run_and_time.sh: stopped, resumable (checkpoint " in text and "RESULT," not in text
+    assert [name for name in files_in(folder) if name.startswith("step-")]

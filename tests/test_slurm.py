@@ -104,8 +104,8 @@ def test_one_node_two_tasks_make_one_job_and_scancel_stops_every_rank(cluster, t
     assert cluster.wait_job(job_id, timeout=60)["JobState"] == "CANCELLED"
     assert_one_training_of_two_ranks(logs / "job_1.log")
     assert "run_stop" not in (logs / "job_2.log").read_text() and not (logs / "job_3.log").exists()
-    assert "run.sub: SIGTERM (scancel or the time limit) in trial 2 of 3: stopped without run_stop, no further " \
-           "trial" in job_output(tmp_path, job_id)
+    assert "run.sub: stopped by SIGTERM in trial 2 of 3 (no run_stop); no further trial runs" in \
+        job_output(tmp_path, job_id)
 
 
 WORLD_ERROR = ("rn50_mx.train: error: rank {rank}: {met} rank(s) met ({local} on this node), but DGXNNODES x "

@@ -114,8 +114,9 @@ def allreduce(s, ranks, flags):
     horovodrun = beside if os.path.exists(beside) else shutil.which("horovodrun")
     if not horovodrun:
         raise CheckFailed("horovodrun not found (install Horovod)")
+    world = ["--kv-store", "horovod", "--dgxnnodes", "1", "--dgxngpu", str(ranks)]  # the world dist.init expects
     command = [horovodrun, "-np", str(ranks), "-H", f"localhost:{ranks}", sys.executable, "-m",
-               "rn50_mx.selftest", "--allreduce-worker", *flags]
+               "rn50_mx.selftest", "--allreduce-worker", *flags, *world]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     ok = [line for line in result.stdout.splitlines() if "ALLREDUCE OK" in line]
     if result.returncode != 0 or len(ok) != ranks:
