@@ -382,54 +382,17 @@ def test_run_stop_success_is_success_when_a_rank_hangs_at_exit(shared, tmp_path)
     assert re.search(r"^RESULT,IMAGE_CLASSIFICATION,,\d+,", result.stdout, re.M)
 
 
-@pytest.mark.slow
-def test_sigterm_on_run_with_docker_stops_the_running_trial(shared, tmp_path):
-    """The old launcher died alone and left the trial training to its end."""
-    env = {**TINY, "NUMEPOCHS": "200", "ACCURACY_THRESHOLD": "1.0", "DATADIR": shared["data"],
-           "LOGDIR": str(tmp_path / "logs"), "NEXP": "2", "DATESTAMP": "t"}
+def sigterm_to_run_with_docker(env, out, ready):
+    """Start run_with_docker.sh (`env` after config/CPU.sh), send it SIGTERM once ready(output, its processes) holds;
+    it must exit 143 and leave none of its processes running. Returns its output."""
     command, _ = launcher("./run_with_docker.sh", env)
-    out = tmp_path / "out.txt"
     with open(out, "w") as sink:
         proc = subprocess.Popen(command, env={"PATH": ENV_PATH, "HOME": "/tmp", **PYTHONPATH}, cwd=ROOT,
                                 stdout=sink, stderr=subprocess.STDOUT)
     procs = []
     try:
         deadline = time.time() + 300
-        while '"key": "epoch_start"' not in out.read_text():
-            assert proc.poll() is None and time.time() < deadline, out.read_text()[-3000:]
-            time.sleep(0.5)
-        procs = psutil.Process(proc.pid).children(recursive=True)
-        assert any("rn50_mx.train" in " ".join(p.cmdline()) for p in procs)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 143
-        _, alive = psutil.wait_procs(procs, timeout=15)
-        alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        assert not alive, [p.cmdline() for p in alive]
-        text = out.read_text()
-        assert "run_with_docker.sh: stopped by SIGTERM in trial 1 of 2 (no run_stop); no further trial runs" in text
-        assert "RESULT," not in text and "Beginning trial 2" not in text
-        assert files_in(tmp_path / "logs") == ["t_1.log"]
-    finally:
-        for p in [*procs, psutil.Process(proc.pid)] if proc.poll() is None else procs:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                p.kill()
-
-
-@pytest.mark.slow
-def test_sigterm_before_the_first_trial_stops_the_self_test(shared, tmp_path):
-    """SELFTEST=1: the old launcher ran the self-test outside any trial's group and died alone on SIGTERM, leaving
-    the self-test (minutes on a GPU node) running."""
-    env = {**TINY, "DATADIR": shared["data"], "LOGDIR": str(tmp_path / "logs"), "NEXP": "1", "DATESTAMP": "t",
-           "SELFTEST": "1"}
-    command, _ = launcher("./run_with_docker.sh", env)
-    out = tmp_path / "out.txt"
-    with open(out, "w") as sink:
-        proc = subprocess.Popen(command, env={"PATH": ENV_PATH, "HOME": "/tmp", **PYTHONPATH}, cwd=ROOT,
-                                stdout=sink, stderr=subprocess.STDOUT)
-    procs = []
-    try:
-        deadline = time.time() + 120
-        while not any("rn50_mx.selftest" in " ".join(p.cmdline()) for p in procs):
+        while not ready(out.read_text(), procs):
             assert proc.poll() is None and time.time() < deadline, out.read_text()[-3000:]
             time.sleep(0.2)
             with contextlib.suppress(psutil.NoSuchProcess):
@@ -439,13 +402,46 @@ def test_sigterm_before_the_first_trial_stops_the_self_test(shared, tmp_path):
         _, alive = psutil.wait_procs(procs, timeout=15)
         alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         assert not alive, [p.cmdline() for p in alive]
-        text = out.read_text()
-        assert "run_with_docker.sh: stopped by SIGTERM before the first trial; no further trial runs" in text
-        assert "Beginning trial" not in text
+        return out.read_text()
     finally:
         for p in [*procs, psutil.Process(proc.pid)] if proc.poll() is None else procs:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
+
+
+def runs(procs, module):
+    return any(module in " ".join(p.cmdline()) for p in procs)
+
+
+@pytest.mark.slow
+def test_sigterm_on_run_with_docker_stops_the_running_trial(shared, tmp_path):
+    """The old launcher died alone and left the trial training to its end."""
+    env = {**TINY, "NUMEPOCHS": "200", "ACCURACY_THRESHOLD": "1.0", "DATADIR": shared["data"],
+           "LOGDIR": str(tmp_path / "logs"), "NEXP": "2", "DATESTAMP": "t"}
+    text = sigterm_to_run_with_docker(env, tmp_path / "out.txt",
+                                      lambda out, procs: '"key": "epoch_start"' in out and runs(procs, "rn50_mx.train"))
+    assert "run_with_docker.sh: stopped by SIGTERM in trial 1 of 2 (no run_stop); no further trial runs" in text
+    assert "RESULT," not in text and "Beginning trial 2" not in text
+    assert files_in(tmp_path / "logs") == ["t_1.log"]
+
+
+@pytest.mark.slow
+def test_sigterm_before_the_first_trial_stops_the_self_test(shared, tmp_path):
+    """SELFTEST=1: the old launcher ran the self-test outside any trial's group and died alone on SIGTERM, leaving
+    the self-test (minutes on a GPU node) running; a SIGTERM while a long child ran ended it without its line."""
+    env = {**TINY, "DATADIR": shared["data"], "LOGDIR": str(tmp_path / "logs"), "NEXP": "1", "DATESTAMP": "t",
+           "SELFTEST": "1"}
+
+    def self_test_under_way(out, procs):
+        """The self-test has run for a few seconds: the launcher is waiting on it when the SIGTERM comes."""
+        if not runs(procs, "rn50_mx.selftest"):
+            return False
+        time.sleep(3)
+        return True
+
+    text = sigterm_to_run_with_docker(env, tmp_path / "out.txt", self_test_under_way)
+    assert "run_with_docker.sh: stopped by SIGTERM before the first trial; no further trial runs" in text
+    assert "Beginning trial" not in text
 
 
 @pytest.mark.slow
