@@ -230,7 +230,7 @@ def build_pipeline(s, rec, idx, train, shard, world, seed, device_id, checkpoint
     the CPU. With --checkpoint-dir DALI tracks its operators' states (Pipeline.checkpoint()); `checkpoint`, such a
     state, makes the pipeline continue from it."""
     pipe = Pipeline(batch_size=s.batch_size, num_threads=s.dali_threads, device_id=device_id, seed=seed,
-                    prefetch_queue_depth=s.dali_prefetch_queue, exec_dynamic=True,  # see to_ndarray
+                    prefetch_queue_depth=s.dali_prefetch_queue, exec_dynamic=True,  # see Handover
                     enable_checkpointing=bool(s.checkpoint_dir), checkpoint=checkpoint)
     with pipe:
         pipe.set_outputs(*graph(s, rec, idx, train, shard, world, gpu=device_id is not None))
@@ -454,8 +454,7 @@ class DaliIter(BatchIter):
             raise bad
         self.skipped.append(bad.record)
         print(f"rn50_mx: {bad}; skipped ({len(self.skipped)} so far on this process)", file=sys.stderr)
-        self.scratch = self.scratch or tempfile.TemporaryDirectory(prefix="rn50_mx_idx_")
-        self.index = index_without(self.idx, set(self.skipped), os.path.join(self.scratch.name, "kept.idx"))
+        self.leave_out_skipped()
         self.pipe = self.build(self.index, len(self.skipped), self.epochs)
         self.built_epochs = self.epochs
 
@@ -472,9 +471,14 @@ class DaliIter(BatchIter):
         self.position, self.epochs, self.built_epochs = state["position"], state["epochs"], state["built_epochs"]
         self.skipped = list(state["skipped"])
         if self.skipped:
-            self.scratch = self.scratch or tempfile.TemporaryDirectory(prefix="rn50_mx_idx_")
-            self.index = index_without(self.idx, set(self.skipped), os.path.join(self.scratch.name, "kept.idx"))
+            self.leave_out_skipped()
         self.pipe = self.build(self.index, len(self.skipped), self.built_epochs, pipeline_state)
+
+    def leave_out_skipped(self):
+        """Read through a copy of the .idx without the skipped records, in a scratch folder (the data stay
+        untouched)."""
+        self.scratch = self.scratch or tempfile.TemporaryDirectory(prefix="rn50_mx_idx_")
+        self.index = index_without(self.idx, set(self.skipped), os.path.join(self.scratch.name, "kept.idx"))
 
     def produce(self):
         tic = time.perf_counter()

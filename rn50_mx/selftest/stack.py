@@ -11,7 +11,7 @@ from .. import bind
 from . import kernels
 from .report import Row
 
-MIN_DALI = (1, 44)  # the dynamic executor, which the zero-copy hand-over needs (data.to_ndarray)
+MIN_DALI = (1, 44)  # the dynamic executor, which the zero-copy hand-over needs (data.Handover on the CPU)
 
 
 def stack_rows(expect_gpu):
