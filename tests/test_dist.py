@@ -346,9 +346,13 @@ def test_stopping_the_launcher_stops_every_rank(small_rec, tmp_path, how):
     else:  # the terminal signals its foreground process group
         os.killpg(proc.pid, signal.SIGINT)
     try:
-        proc.wait(timeout=30)
-        assert proc.returncode != 0
+        proc.wait(timeout=30)  # the whole run takes over a minute here
         assert_all_gone(procs)
+        # The run did not complete, and the log says so to run_and_time.sh, which reads a trial's outcome from it:
+        # horovodrun's own status is not reliable here (horovod 0.28.1 safe_shell_exec: the thread that stops a
+        # rank can reap its shell with psutil's wait before subprocess's wait does, which then reports 0).
+        log = open(tmp_path / "mlperf.log").read()
+        assert '"key": "run_start"' in log and '"key": "run_stop"' not in log
     finally:
         stop_tree(proc, procs)
 
