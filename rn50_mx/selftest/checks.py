@@ -57,7 +57,7 @@ def layout_precision(s, ctx, net, batch):
 
     from .. import model, optim
 
-    ref = model.build_model(s.replace(input_layout="NCHW", dtype="float32", fused_bn=False), ctx)
+    ref = model.build_model(s.replace(input_layout="NCHW", dtype="float32", fused_bn=False, normconv=False), ctx)
     for name, param in ref.collect_params().items():
         value = net.collect_params()[name].data().astype("float32")
         param.set_data(value.transpose((0, 3, 1, 2)) if value.ndim == 4 and s.input_layout == "NHWC" else value)
