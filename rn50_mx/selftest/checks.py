@@ -69,7 +69,9 @@ def layout_precision(s, ctx, net, batch):
     gap = abs(loss - expected) / abs(expected)
     detail = f"loss {loss:.5f} ({s.input_layout} {s.dtype}) vs {expected:.5f} (NCHW float32): {gap:.2%} apart"
     if not gap <= LOSS_RTOL[s.dtype]:
-        raise CheckFailed(detail + f", more than {LOSS_RTOL[s.dtype]:.2%}")
+        raise CheckFailed(detail + f", more than {LOSS_RTOL[s.dtype]:.2%}"
+                          + ("; if it passes with RN50_NORMCONV=0 RN50_FUSED_BN=0, the fused kernels' wiring is wrong: "
+                             "train with those set" if s.input_layout == "NHWC" else ""))
     return detail
 
 
