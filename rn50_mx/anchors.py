@@ -6,14 +6,16 @@ Images/s per GPU: median epoch throughput / 8 in the result logs, training_resul
 3,427-3,428 (tests/data/inspur_nf5688m6), training_results_v4.0 NVIDIA eos_ngc24.04_mxnet 7,160-7,172 (v3.1 eos:
 about 7,050). Hardware JPEG decoder share: config_NF5688M6.sh 0.7 (v1.0), config_DGXH100_*.sh 0.99 (v4.0); DALI
 threads 5 on 8 cores per GPU (NF5688M6), 8 on 14 (DGX H100); prefetch 2 (the recipe's start) and 3 (DGX H100).
+Memory: the 80 GB models of both (A100-SXM4-80GB, H100 SXM5 80GB).
 """
 from collections import namedtuple
 
-Anchor = namedtuple("Anchor", "key label img_per_s hw_decoder_load prefetch")
+Anchor = namedtuple("Anchor", "key label img_per_s hw_decoder_load prefetch memory_mib")
 
+# memory_mib: the GPU's memory as nvidia-smi's memory.total gives it (the recipe's default --gpu-memory)
 ANCHORS = (
-    Anchor("H100", "H100 SXM", 7160, 0.99, 3),
-    Anchor("A100", "A100-80GB", 3431, 0.7, 2),
+    Anchor("H100", "H100 SXM", 7160, 0.99, 3, 81559),
+    Anchor("A100", "A100-80GB", 3431, 0.7, 2, 81920),
 )
 BY_KEY = {a.key: a for a in ANCHORS}
 # The per-image scratch of DALI's resize, times the per-GPU batch (v4.0 configs: "871491*batch_size").

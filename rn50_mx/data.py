@@ -47,11 +47,21 @@ DALI_DTYPES = {"float32": types.FLOAT, "float16": types.FLOAT16}
 
 def rec_and_idx(settings, train):
     """The (.rec, .idx) pair of a split, after checking that both are there: DALI's own errors are stack traces."""
+    return readable(*data_paths(settings, train))
+
+
+def data_paths(settings, train):
+    """The (.rec, .idx) paths of a split, as the settings name them; no file is opened."""
     flag = "--data-train" if train else "--data-val"
     rec = settings.data_train if train else settings.data_val
     idx = (settings.data_train_idx if train else settings.data_val_idx) or settings.idx_path(rec)
     if not rec:
         raise InputError(f"{flag}: not set (give a .rec file, or --synthetic 1 for training)")
+    return rec, idx
+
+
+def readable(rec, idx):
+    """(rec, idx) after reading a byte of each: a missing or empty file is one line naming it."""
     try:
         with open(rec, "rb") as f:
             if not f.read(1):
@@ -256,7 +266,10 @@ def graph(s, rec, idx, train, shard, world, gpu):
         random_shuffle=train, initial_fill=s.dali_initial_fill, dont_use_mmap=s.dali_dont_use_mmap,
         # val: each eval reads this rank's shard once, the last image repeated up to whole batches
         stick_to_shard=sticks_to_shard(s, train), pad_last_batch=not train,
-        skip_cached_images=cache)
+        skip_cached_images=cache,
+        # building opens no file: the reader reads the .idx and opens the .rec on its first use (reader_meta or
+        # run), as the submission's readers (common/dali.py); set-up comes before run_start, data access after
+        lazy_init=True)
     filt = dict(antialias=s.dali_resize_antialias)  # DALI's linear filter; antialiased unless turned off
     if train and s.dali_roi_decode and not cache:
         images = fn.decoders.image_random_crop(jpegs, **crop_area, **decoder)
@@ -394,10 +407,17 @@ class BatchIter(mx.io.DataIter):
     def __init__(self, s, pads, num_samples, ctx):
         super().__init__(s.batch_size)
         self.pads, self.num_samples, self.context = pads, num_samples, ctx
-        self.steps_per_epoch = len(pads)
         self.provide_data = [mx.io.DataDesc("data", batch_shape(s), np.dtype(s.dtype), s.input_layout)]
         self.provide_label = [mx.io.DataDesc("softmax_label", (s.batch_size,), np.float32, "N")]
         self.position, self.wait_seconds = 0, 0.0
+
+    @property
+    def steps_per_epoch(self):
+        return len(self.pads)
+
+    def open(self):
+        """Ready to read (the first data access: after run_start); returns self."""
+        return self
 
     def reset(self):
         self.position, self.wait_seconds = 0, 0.0
@@ -426,17 +446,41 @@ class BatchIter(mx.io.DataIter):
 class DaliIter(BatchIter):
     """Batches of a DALI pipeline, with its errors turned into one-line InputErrors.
 
-    pipe: built by build(idx, 0, 0); build(index, attempt, epochs) builds another that reads the .rec through
-    `index`, starting from the shard of epoch `epochs`. skip: a record that does not decode is left out instead
-    (see skip_record); `skipped` lists their keys, `index` is the .idx in use.
+    pipe: built by build(idx, 0, 0), its reader not yet initialised (no file read): open() is the first data
+    access and sizes the epoch. build(index, attempt, epochs) builds another that reads the .rec through `index`,
+    starting from the shard of epoch `epochs`. skip: a record that does not decode is left out instead (see
+    skip_record); `skipped` lists their keys, `index` is the .idx in use.
     """
 
-    def __init__(self, s, build, pipe, pads, num_samples, ctx, rec, idx, skip):
-        super().__init__(s, pads, num_samples, ctx)
-        self.build, self.pipe, self.rec, self.idx, self.skip = build, pipe, rec, idx, skip
+    def __init__(self, s, build, pipe, ctx, rec, idx, train, rank, world):
+        super().__init__(s, None, None, ctx)
+        self.build, self.pipe, self.rec, self.idx, self.skip = build, pipe, rec, idx, train and s.skip_bad_records
         self.num_classes, self.index, self.skipped, self.epochs, self.scratch = s.num_classes, idx, [], 0, None
+        self.settings, self.train, self.rank, self.world = s, train, rank, world
         self.handover = Handover(s, ctx, copy=ctx.device_type == "gpu")
         self.built_epochs = 0  # the `epochs` argument the pipeline in use was built with
+
+    def open(self):
+        """The files checked, then the reader's metadata (DALI reads the .idx now) sizes the epoch: train steps as
+        the reference, val reading each image once across ranks. Settings that size the run before run_start
+        (--num-examples) are checked against the .idx here, in one line naming it."""
+        s, world = self.settings, self.world
+        readable(self.rec, self.idx)
+        with data_errors(self.rec, self.idx):
+            meta = self.pipe.reader_meta(READER)
+        n = meta["epoch_size"]
+        if n < world:
+            raise InputError(f"{self.rec}: {n} records for {world} processes")
+        if not self.train:
+            self.pads = val_pads(n, self.rank, world, s.batch_size, meta["epoch_size_padded"] // world)
+        elif s.num_examples > n:  # the reader would run into the next epoch's images
+            raise InputError(f"{self.idx}: lists {n} records, fewer than the {s.num_examples} train images an "
+                             "epoch takes (--num-examples, NUMEXAMPLES)")
+        else:
+            n = s.num_examples or n
+            self.pads = [0] * steps_per_epoch(s, world, n)  # every sample is a real image: the reader runs on
+        self.num_samples = n
+        return self
 
     def reset(self):
         """Finish a partly read epoch first, so that the next one starts at the shard boundary again."""
@@ -516,8 +560,8 @@ class SyntheticIter(BatchIter):
 
 
 def dali_iter(s, train, rank, world, seed, ctx):
-    """The iterator of one split: train steps as the reference, val reading each image once across ranks."""
-    rec, idx = rec_and_idx(s, train)
+    """The iterator of one split, built and not opened: no data file is read until its open()."""
+    rec, idx = data_paths(s, train)
     if s.dali_cache_size and s.device != "gpu":
         raise InputError("--dali-cache-size: the decoded-image cache is a GPU decoder feature (--device gpu)")
 
@@ -531,23 +575,14 @@ def dali_iter(s, train, rank, world, seed, ctx):
             pipe.build()
         return pipe
 
-    pipe = build(idx, 0, 0)
-    meta = pipe.reader_meta(READER)
-    n = meta["epoch_size"]
-    if n < world:
-        raise InputError(f"{rec}: {n} records for {world} processes")
-    if train:
-        n = s.num_examples or n
-        pads = [0] * steps_per_epoch(s, world, n)  # every sample is a real image: the reader runs on
-    else:
-        pads = val_pads(n, rank, world, s.batch_size, meta["epoch_size_padded"] // world)
-    return DaliIter(s, build, pipe, pads, n, ctx, rec, idx, skip=train and s.skip_bad_records)
+    return DaliIter(s, build, build(idx, 0, 0), ctx, rec, idx, train, rank, world)
 
 
-def make_iters(settings, rank, world, seed, ctx):
-    """(train_iter, val_iter) of one process; val_iter is None without --data-val or with --synthetic.
+def build_iters(settings, rank, world, seed, ctx):
+    """(train_iter, val_iter) of one process, built and not opened: set-up, which touches no data file, for before
+    run_start (open_iters comes after). val_iter is None without --data-val or with --synthetic.
 
-    seed: this rank's seed (crop, flip and shuffle draws). Call after run_start: this is the first data access.
+    seed: this rank's seed (crop, flip and shuffle draws).
     """
     if settings.synthetic:
         n = train_samples(settings)
@@ -555,3 +590,13 @@ def make_iters(settings, rank, world, seed, ctx):
     train = dali_iter(settings, True, rank, world, seed, ctx)
     val = dali_iter(settings, False, rank, world, seed, ctx) if settings.data_val else None
     return train, val
+
+
+def open_iters(iters):
+    """Each iterator of build_iters opened: the first data access (after run_start)."""
+    return tuple(it and it.open() for it in iters)
+
+
+def make_iters(settings, rank, world, seed, ctx):
+    """(train_iter, val_iter) of build_iters, opened: for a use outside the timed run."""
+    return open_iters(build_iters(settings, rank, world, seed, ctx))

@@ -83,7 +83,7 @@ def main():
     ctx = dist.context(s, d.local_rank)
     with ctx:
         net = exported(path, ctx) if path else from_checkpoint(s, s.checkpoint_dir, ctx)
-        val_it = data.dali_iter(s, False, d.rank, d.size, 0, ctx)  # val reads in order: the seed draws nothing
+        val_it = data.dali_iter(s, False, d.rank, d.size, 0, ctx).open()  # val reads in order: the seed draws nothing
         top1, top5, n = accuracy(net, val_it, d)
     if d.rank == 0:
         print(f"top-1 {top1!r}, top-5 {top5!r} ({n} images)", flush=True)

@@ -8,8 +8,8 @@ Two processes on one machine (Gloo):
 Eight GPUs (NCCL), as the reference:
     source config/NF5688M6.sh && ./run_with_docker.sh
 
-Order as the reference (train_imagenet.py and run_with_docker.sh): build, initialise, broadcast and warm up ->
-run_start -> open the data (the first time it is touched) -> epochs, with evals on the schedule -> run_stop as soon
+Order as the reference (train_imagenet.py, common/fit.py and common/dali.py): build the model and the input
+pipelines, initialise, broadcast and warm up -> run_start -> open the data (the first time it is touched) -> epochs, with evals on the schedule -> run_stop as soon
 as top-1 reaches the target.
 """
 import random
@@ -225,14 +225,15 @@ def train_on(s, d, ctx, base_seed, seed, saver):
     d.broadcast_params(net.collect_params())
     net.hybridize(static_alloc=True, static_shape=True)
     loss_fn = optim.make_loss(s)
-    steps = data.steps_per_epoch(s, d.size)
+    steps = data.steps_per_epoch(s, d.size)  # the ImageNet configs' NUMEXAMPLES: no data file read
     trainer = optim.make_trainer(net, s, steps, d.trainer)
+    iters = data.build_iters(s, d.rank, d.size, seed, ctx)  # set-up: the pipelines, their readers not yet opened
     warm_up(net, loss_fn, trainer, s, ctx)
     log.hyperparameters(s, s.batch_size * d.size)
     log.end(K.INIT_STOP)
     d.barrier()
     log.start(K.RUN_START)
-    train_it, val_it = data.make_iters(s, d.rank, d.size, seed, ctx)
+    train_it, val_it = data.open_iters(iters)  # the first time the data are touched
     assert train_it.steps_per_epoch == steps
     log.event(K.TRAIN_SAMPLES, train_it.num_samples)
     log.event(K.EVAL_SAMPLES, val_it.num_samples if val_it else 0)

@@ -360,6 +360,30 @@ def test_missing_rec_is_one_line(tmp_path):
         data.make_iters(s, 0, 1, 1, mx.cpu())
 
 
+def test_built_iterators_read_no_file_until_opened(small_rec, tmp_path):
+    """build_iters makes both pipelines while the data are not there (the readers initialise lazily, as the
+    submission's); open_iters, the first data access, reads them once they are (the old code read the files to
+    build)."""
+    folder = tmp_path / "later"
+    iters = data.build_iters(settings_for(str(folder / "small")), 0, 1, 1, mx.cpu())
+    folder.mkdir()
+    for ext in (".rec", ".idx"):
+        shutil.copy(small_rec + ext, folder / ("small" + ext))
+    train, val = data.open_iters(iters)
+    assert train.num_samples == val.num_samples == 21 and val.steps_per_epoch == 6
+    assert sorted(valid_labels(val)) == sorted(rec_labels(small_rec))
+    assert len(list(train)) == train.steps_per_epoch == 6
+
+
+def test_more_train_images_than_the_idx_lists_is_one_line_naming_it(small_rec):
+    """--num-examples (NUMEXAMPLES) sizes the schedule before run_start; the .idx is its judge after it."""
+    train, _ = data.make_iters(settings_for(small_rec, num_examples=21), 0, 1, 1, mx.cpu())
+    assert train.num_samples == 21
+    with pytest.raises(InputError, match=r"small\.idx: lists 21 records, fewer than the 22 train images an epoch "
+                                         r"takes \(--num-examples, NUMEXAMPLES\)"):
+        data.make_iters(settings_for(small_rec, num_examples=22), 0, 1, 1, mx.cpu())
+
+
 def test_decoder_cache_needs_the_gpu(small_rec):
     with pytest.raises(InputError, match="dali-cache-size"):
         data.make_iters(settings_for(small_rec, dali_cache_size=64), 0, 1, 1, mx.cpu())

@@ -2,6 +2,7 @@
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -148,6 +149,32 @@ def test_written_config_reproduces_ours_and_reaches_training(config_dir, system,
     assert {f: written[f] for f in RECIPE_FLAGS} == {f: reference[f] for f in RECIPE_FLAGS}
     assert written["--dgxsystem"] == "MINE"
     assert verdict == reference_verdict and "matches the RCP resnet_ref_" in verdict
+
+
+def memory_line(result):
+    assert result.returncode == 0, result.stderr
+    return next(line for line in result.stdout.splitlines() if line.startswith("memory: "))
+
+
+def test_the_memory_a_config_needs_is_stated_against_the_gpus(config_dir):
+    """The written config's need (rn50_mx.memory) next to the GPU it plans for: 408 a GPU fits an A100-80GB (the
+    submission's), 3264 on one GPU does not, nor does 408 on a 16 GiB card."""
+    fits = memory_line(run_recipe(config_dir, "--nodes", "1", "--gpus-per-node", "8", "--system", "EIGHT"))
+    assert re.fullmatch(r"memory: [\d.]+ GiB per process: input 1\.22, weights, gradients and optimizer states 0\.29, "
+                        r"activations [\d.]+ \(estimate\) of the A100-80GB's 80\.0 GiB: \d+% of it", fits), fits
+    one = memory_line(run_recipe(config_dir, "--nodes", "1", "--gpus-per-node", "1", "--max-batch-per-gpu", "3264",
+                                 "--system", "ONE"))
+    assert one.endswith("of the A100-80GB's 80.0 GiB: does not fit, lower the batch (--max-batch-per-gpu)"), one
+    small = memory_line(run_recipe(config_dir, "--nodes", "1", "--gpus-per-node", "8", "--gpu-memory", "16",
+                                   "--system", "SMALL"))
+    assert small.endswith("of the 16 GiB GPU's 16.0 GiB: does not fit, lower the batch (--max-batch-per-gpu)")
+
+
+@pytest.mark.parametrize("value", ["0", "-40", "nan", "inf", "forty"])
+def test_a_bad_gpu_memory_is_one_line_naming_it(config_dir, value):
+    result = run_recipe(config_dir, "--nodes", "1", "--gpus-per-node", "8", f"--gpu-memory={value}")
+    assert_one_line_naming(result, "--gpu-memory")
+    assert os.listdir(config_dir) == ["A100x8_common.sh"]
 
 
 def test_config_is_not_overwritten_unless_forced(config_dir):

@@ -32,8 +32,10 @@ def test_every_check_passes_on_the_cpu(fashion):
     result = sourced("CPU", f"python -m rn50_mx.selftest {fashion} --ranks 2 --steps 3", timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     table = rows(result.stdout)
-    for check in ("pipelines", "layout/precision", "lars float16", "allreduce", "train steps", "eval"):
+    for check in ("memory", "pipelines", "layout/precision", "lars float16", "allreduce", "train steps", "eval"):
         assert table[check][0] == "ok", (check, result.stdout)
+    assert re.match(r"[\d.]+ GiB per process: input 0\.01, weights, gradients and optimizer states 0\.26, "
+                        r"activations [\d.]+ \(estimate\)", table["memory"][1]), table["memory"]
     assert "(128, 3, 32, 32) float32 NCHW on cpu(0), train 200 and val 100 images" in table["pipelines"][1]
     assert "2 processes" in table["allreduce"][1] and "100 images" in table["eval"][1]
     assert "real/synthetic" in table["train steps"][1] and "no MLPerf anchor" in table["train steps"][1]

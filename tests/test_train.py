@@ -237,17 +237,40 @@ def test_a_missing_train_rec_is_one_line_naming_it(tmp_path):
     assert result.returncode == 2
 
 
-def test_imagenet_configs_touch_no_data_before_run_start(tmp_path):
+SPIES_ON_BUILDS = """
+import os, runpy, sys
+from nvidia.dali.pipeline import Pipeline
+log, data = sys.argv.pop(1), sys.argv.pop(1)
+build = Pipeline.build
+def spied(self):  # a pipeline's build, said with what the run had logged and whether the data were there
+    started = os.path.exists(log) and '"run_start"' in open(log).read()
+    there = "there" if os.path.exists(data) else "not there"
+    print(f"build: run_start {'logged' if started else 'not logged'}, data {there}", flush=True)
+    return build(self)
+Pipeline.build = spied
+sys.argv = ["rn50_mx.train"] + sys.argv[1:]
+runpy.run_module("rn50_mx.train", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_imagenet_configs_build_the_pipelines_before_run_start_and_read_no_data(tmp_path):
     """The ImageNet configs size the schedule from NUMEXAMPLES (the 1,281,167 images the submission's code
-    takes as a constant), so nothing reads the data before run_start: with the data not there, run_start is
-    logged first, and only then does the run stop, on the missing file, in one line."""
+    takes as a constant) and build both DALI pipelines with lazily initialised readers before run_start, as the
+    submission does (common/dali.py), so nothing reads the data before run_start: with the data not there, both
+    pipelines are built, run_start is logged, and only then does the run stop, on the missing file, in one line.
+    (The old code built the pipelines after run_start: no build line before it.)"""
     for system in ("NF5688M6", "NF5488A5", "DGXA100", "DGXA100_multi_8x8x204"):
         assert sourced(system, "echo \"$NUMEXAMPLES\"").stdout.strip() == "1281167", system
-    numexamples = "1281167"
-    missing, log = str(tmp_path / "not-yet" / "train.rec"), tmp_path / "mlperf.log"
-    result = run_train([f"--data-train={missing}", "--num-classes=3", "--image-shape=3,32,32", "--batch-size=2",
-                        f"--mllog-file={log}"], env={"NUMEXAMPLES": numexamples})
+    folder, log = tmp_path / "not-yet", tmp_path / "mlperf.log"
+    missing = str(folder / "train.rec")
+    result = subprocess.run(
+        [sys.executable, "-c", SPIES_ON_BUILDS, str(log), str(folder), f"--data-train={missing}",
+         f"--data-val={folder / 'val.rec'}", "--num-classes=3", "--image-shape=3,32,32", "--batch-size=2",
+         f"--mllog-file={log}"], env={**clean_environ(), "NUMEXAMPLES": "1281167"}, capture_output=True, text=True,
+        timeout=600)
     assert_one_line_naming(result, missing)
+    builds = [line for line in result.stdout.splitlines() if line.startswith("build: ")]
+    assert builds == ["build: run_start not logged, data not there"] * 2, result.stdout
     keys = [key for key, _, _ in events(log)]
     assert "run_start" in keys and "train_samples" not in keys
 

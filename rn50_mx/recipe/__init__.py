@@ -15,11 +15,11 @@ checker's closed-division rules reject is an error, not a config.
 import os
 import sys
 
-from .. import anchors, config
+from .. import anchors, config, memory
 from ..errors import InputError
 from .check import place, verdict
 from .choosing import Recipe, choose, interpolate, mode_epoch, whole_epochs
-from .output import config_text, describe, write_config
+from .output import config_text, describe, memory_line, write_config
 from .rcps import (BENCHMARK, DEFAULT_RULESET, PRUNED, PUBLISHED, USAGE, horizon_epochs, load_checker, rcp_file,
                    rulesets)
 from .rules import closed_rule_failures
@@ -43,6 +43,9 @@ def parse_args(argv=None):
     parser.add_argument("--gpu", default="A100", choices=sorted(anchors.BY_KEY),
                         help="GPU generation: the default images/s (its MLPerf anchor) and the input-pipeline "
                              "settings the config starts from (default A100: A100-80GB)")
+    parser.add_argument("--gpu-memory", type=float,
+                        help="GiB of memory per GPU, which the config's need is stated against (default the --gpu's: "
+                             "80 GiB; e.g. 40 for A100-40GB)")
     parser.add_argument("--cores-per-node", type=int, default=os.cpu_count(),
                         help=f"CPU cores per node, for DALI's threads per GPU (default this machine's: "
                              f"{os.cpu_count()})")
@@ -54,6 +57,8 @@ def parse_args(argv=None):
     for flag in ("nodes", "gpus_per_node", "max_batch_per_gpu", "cores_per_node"):
         if getattr(args, flag) < 1:
             raise InputError(f"{config.flag_name(flag)}={getattr(args, flag)}: must be >= 1")
+    if args.gpu_memory is not None and not 0 < args.gpu_memory < float("inf"):
+        raise InputError(f"--gpu-memory={args.gpu_memory}: must be a number of GiB > 0")
     if args.img_per_sec_per_gpu is not None and args.img_per_sec_per_gpu <= 0:
         raise InputError(f"--img-per-sec-per-gpu={args.img_per_sec_per_gpu}: must be > 0")
     if not os.path.isfile(os.path.join(args.config_dir, "A100x8_common.sh")):
@@ -76,6 +81,8 @@ def main(argv=None):
     cores_per_gpu = max(1, args.cores_per_node // recipe.gpus_per_node)
     write_config(path, config_text(recipe, command, speed, gpu, cores_per_gpu), args.force)
     print(describe(recipe, speed, speed_source))
+    print(memory_line(path, args.gpu_memory * memory.GIB if args.gpu_memory else gpu.memory_mib << 20,
+                      f"{args.gpu_memory:g} GiB GPU" if args.gpu_memory else gpu.label))
     print(f"wrote {path}: source it, then `python -m rn50_mx.config --check` shows every value training will use")
     print(f"next: tune its input pipeline on one node with your data (DATADIR=... python -m rn50_mx.tune): it "
           f"writes config/{name}_tuned.sh, which the launchers source after {name}.sh")

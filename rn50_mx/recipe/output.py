@@ -1,7 +1,9 @@
 """Output: the recipe in words and as config/<NAME>.sh."""
 import math
+import os
+import subprocess
 
-from .. import anchors
+from .. import anchors, config, memory
 from ..files import write_atomically
 from .choosing import EVAL_PERIOD
 from .rcps import IMAGENET_TRAIN
@@ -54,6 +56,17 @@ def describe(recipe, img_per_sec, speed_source):
     ]
     note = momentum_note(recipe.global_batch, recipe.momentum)
     return "\n".join(rows + [f"note: {text}" for text in recipe.notes + ([note] if note else [])])
+
+
+def memory_line(path, gpu_memory, gpu):
+    """The memory a process of the config at `path` needs (rn50_mx.memory, from the settings sourcing it gives)
+    against `gpu_memory` bytes, in words; the line says so when it does not fit."""
+    out = subprocess.run(["bash", "-c", 'source "$1" && env -0', "bash", path], env={"PATH": os.environ["PATH"]},
+                         capture_output=True, check=True)
+    environ = dict(item.split("=", 1) for item in out.stdout.decode().split("\0") if "=" in item)
+    need = memory.need(config.load([], environ))
+    line = "memory: " + memory.words(need, gpu_memory, gpu)
+    return line + " (--max-batch-per-gpu)" if sum(need) > gpu_memory else line
 
 
 def max_epochs_line(recipe):

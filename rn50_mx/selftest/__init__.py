@@ -5,8 +5,8 @@ device with this config, and how fast is it next to the MLPerf anchors. One tabl
     python -m rn50_mx.selftest --data-train $DATADIR/train.rec --data-val $DATADIR/val.rec [rn50_mx.train flags]
     python -m rn50_mx.selftest --stack-only --expect-gpu        (the Dockerfile's build-time check)
 
-The checks run the package's own code on the configured device (`dist.context`): the DALI pipelines on real
-records; the configured layout and precision (NHWC float16, fused BatchNorm where MXNet has it) against NCHW
+The checks run the package's own code on the configured device (`dist.context`): the memory a process of the
+config needs (rn50_mx.memory, an estimate) against the GPU's; the DALI pipelines on real records; the configured layout and precision (NHWC float16, fused BatchNorm where MXNet has it) against NCHW
 float32 on the same weights and batch; one multi-precision LARS step against the float32 step; an allreduce
 across --ranks processes (default: one per visible GPU; on the CPU 1, so CI asks for 2); training steps on
 synthetic and on real batches, and one eval over the val set. On a CPU it is the same code on the CPU.
@@ -51,7 +51,7 @@ def device_checks(s, ranks, steps, flags):
     ctx = dist.context(s, 0)
     rows = []
     with ctx:
-        attempt(rows, "input memory", checks.input_memory, s, ctx)
+        attempt(rows, "memory", checks.memory_need, s, ctx)
         iters = attempt(rows, "pipelines", checks.pipelines, s, ctx)
         net = checks.configured_network(s, ctx)
         if iters:

@@ -152,20 +152,21 @@ def allreduce_worker(s):
     return 0
 
 
-def input_memory(s, ctx):
-    """The device memory the input holds (data.input_memory) against the GPU's, or on its own on the CPU."""
-    from .. import data
+def memory_need(s, ctx):
+    """The memory a process of this config needs (rn50_mx.memory: input, weights and their optimizer states,
+    activations: an estimate) against the GPU's (MXNet's gpu_memory_info: cudaMemGetInfo), or on its own on the
+    CPU."""
+    from .. import memory
 
-    need = data.input_memory(s, val=bool(s.data_val))
-    detail = f"{need / 2**30:.2f} GiB for the input (DALI's queue + {data.RING} MXNet buffers per iterator)"
+    need = memory.need(s)
     if ctx.device_type != "gpu":
-        return detail
+        return memory.words(need)
     import mxnet as mx
 
     _, total = mx.context.gpu_memory_info(ctx.device_id)
-    detail += f" of the GPU's {total / 2**30:.1f} GiB"
-    if need > total / 2:
-        raise CheckFailed(detail + ": more than half of it, which the model, its activations and cuDNN need")
+    detail = memory.words(need, total, f"GPU {ctx.device_id}")
+    if sum(need) > total:
+        raise CheckFailed(detail)
     return detail
 
 

@@ -1,0 +1,70 @@
+"""Device memory one training process needs, from the config's real shapes: what the recipe and the self-test state
+against a GPU's memory.
+
+    input        data.input_memory: DALI's prefetch queue and the MXNet buffers, of train and val
+    weights      every parameter, the gradient of each trainable one, and the optimizer's states (momentum; in
+                 float16 also the float32 master copy), from the network's real parameter shapes and dtypes
+    activations  the output of every operator of the network's symbol at the config's batch and dtype: what
+                 backward may keep. An estimate: MXNet's memory planner shares some of them in place (an upper
+                 figure there), and MXNet's fused BatchNorm kernels, where the build has them, make fewer outputs.
+
+Not counted: cuDNN's workspaces, DALI's decoder and resize scratch, the CUDA context and NCCL's buffers.
+"""
+import collections
+
+import numpy as np
+
+GIB = 1 << 30
+
+Need = collections.namedtuple("Need", "input weights activations")
+
+
+def need(s):
+    """The Need (bytes) of one process of settings `s`: the network built on the CPU, its symbol's shapes inferred
+    at s.batch_size (nothing of the batch's size is allocated)."""
+    import mxnet as mx
+
+    from . import data, model
+
+    net = model.build_model(s, mx.cpu())
+    return Need(data.input_memory(s), weight_bytes(net), activation_bytes(net, s))
+
+
+def weight_bytes(net):
+    """Parameters, the gradients of the trainable ones and their optimizer states (optim.LARS: momentum in the
+    weight's dtype; a float16 weight under multi-precision keeps float32 momentum and a float32 master copy)."""
+    total = 0
+    for p in net.collect_params().values():
+        size, itemsize = int(np.prod(p.shape)), np.dtype(p.dtype).itemsize
+        total += size * itemsize
+        if p.grad_req != "null":
+            mixed = np.dtype(p.dtype) == np.float16  # float16 runs are multi-precision (optim.make_optimizer)
+            total += size * itemsize + (2 * size * 4 if mixed else size * itemsize)
+    return total
+
+
+def activation_bytes(net, s):
+    """The outputs of every operator of the network's symbol (not its inputs and parameters) at the config's batch
+    shape and dtype."""
+    import mxnet as mx
+
+    from . import data
+
+    symbol = net(mx.sym.var("data"))
+    internals = symbol.get_internals()
+    _, shapes, _ = internals.infer_shape(data=data.batch_shape(s))
+    _, dtypes, _ = internals.infer_type(data=np.dtype(s.dtype))
+    inputs = set(symbol.list_arguments()) | set(symbol.list_auxiliary_states())
+    return sum(int(np.prod(shape)) * np.dtype(dtype).itemsize
+               for name, shape, dtype in zip(internals.list_outputs(), shapes, dtypes) if name not in inputs)
+
+
+def words(n, memory=None, gpu=""):
+    """The Need in one line, against `memory` bytes of the GPU named `gpu` when given (with a verdict)."""
+    total = sum(n)
+    line = (f"{total / GIB:.1f} GiB per process: input {n.input / GIB:.2f}, weights, gradients and optimizer states "
+            f"{n.weights / GIB:.2f}, activations {n.activations / GIB:.1f} (estimate)")
+    if memory is None:
+        return line
+    line += f" of the {gpu or 'GPU'}'s {memory / GIB:.1f} GiB"
+    return line + (": does not fit, lower the batch" if total > memory else f": {total / memory:.0%} of it")
