@@ -9,8 +9,8 @@ Eight GPUs (NCCL), as the reference:
     source config/NF5688M6.sh && ./run_with_docker.sh
 
 Order as the reference (train_imagenet.py, common/fit.py and common/dali.py): build the model and the input
-pipelines, initialise, broadcast and warm up -> run_start -> open the data (the first time it is touched) -> epochs, with evals on the schedule -> run_stop as soon
-as top-1 reaches the target.
+pipelines, initialise, broadcast and warm up -> run_start -> open the data (the first time it is touched) ->
+epochs, with evals on the schedule -> run_stop as soon as top-1 reaches the target.
 """
 import random
 import signal
