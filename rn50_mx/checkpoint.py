@@ -2,8 +2,9 @@
 read back so that the resumed run continues exactly as the uninterrupted run would have (tests/test_checkpoint.py).
 
 A checkpoint is a folder DIR/step-N, N the train steps done:
-  meta.json            the run (settings, ranks, base seed), where it stands (epoch, step, MLPerf block) and every
-                       other file's size and CRC-32; written last: a folder without it is partial
+  meta.json            the run (settings, ranks, base seed), where it stands (epoch, step, MLPerf block), every
+                       other file's size and CRC-32, and the --mllog-file's path, size and CRC-32 (the resumed run
+                       appends to that file); written last: a folder without it is partial
   params               rank 0's parameters (mx.nd.save), BatchNorm running statistics included
   trainer              rank 0's Trainer.save_states: momentum, fp32 master weights, update counts, and the pickled
                        optimizer with its schedule (optim.schedule is a functools.partial: a lambda cannot be pickled)
@@ -35,7 +36,6 @@ import shutil
 import signal
 import socket
 import sys
-import zlib
 
 import mxnet as mx
 import numpy as np
@@ -85,17 +85,9 @@ def write_bytes(path, payload):
         os.fsync(f.fileno())
 
 
-def crc(path):
-    value = 0
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            value = zlib.crc32(chunk, value)
-    return value
-
-
 def summary(folder):
     """{file: [size, CRC-32]} of every file in `folder` but meta.json."""
-    return {name: [os.path.getsize(os.path.join(folder, name)), crc(os.path.join(folder, name))]
+    return {name: [os.path.getsize(os.path.join(folder, name)), files.crc32(os.path.join(folder, name))]
             for name in sorted(os.listdir(folder)) if name != META}
 
 
@@ -104,22 +96,22 @@ def problem(folder):
     try:
         with open(os.path.join(folder, META)) as f:
             meta = json.load(f)
-        files = meta["files"]
+        listed = meta["files"]
     except FileNotFoundError:
         return f"no {META}: its writer stopped before the end"
     except (OSError, ValueError, KeyError, TypeError) as err:
         return f"{META} unreadable ({err})"
     wanted = {"params", "trainer"} | {f"rank{r}.json" for r in range(meta.get("world", 0))}
-    missing = sorted(wanted - set(files))
+    missing = sorted(wanted - set(listed))
     if missing:
         return f"{META} lists no {missing[0]}"
-    for name, (size, value) in files.items():
+    for name, (size, value) in listed.items():
         path = os.path.join(folder, name)
         if not os.path.isfile(path):
             return f"{name} is missing"
         if os.path.getsize(path) != size:
             return f"{name} has {os.path.getsize(path)} bytes, not {size}"
-        if crc(path) != value:
+        if files.crc32(path) != value:
             return f"{name} is corrupt (CRC-32 differs)"
     return None
 
@@ -163,6 +155,12 @@ class Checkpoints:
                 raise InputError(f"{self.resume}: written with other settings, which would change the run: "
                                  + "; ".join(wrong))
         self.parts = None
+
+    def resumes(self):
+        """(checkpoint folder, log_mark of the MLPerf log then) when resuming a run that wrote an --mllog-file: the
+        resumed run continues that file (mlperf_log.configure)."""
+        mark = self.meta and self.meta.get("mllog")
+        return (self.resume, mark) if mark else None
 
     def attach(self, net, trainer, iters, steps_per_epoch, base_seed):
         """What a checkpoint saves: the model, its trainer, the iterators by split, and the run's numbers."""
@@ -251,6 +249,8 @@ class Checkpoints:
         meta = {"settings": {f: getattr(self.s, f) for f in config.FIELDS if f not in FREE},
                 "world": self.d.size, "seed": base_seed, "epoch": pos.epoch, "step": pos.step,
                 "files": summary(tmp)}
+        if self.s.mllog_file:  # what the log holds now: the resumed run appends to this very file
+            meta["mllog"] = files.log_mark(self.s.mllog_file)
         write_bytes(os.path.join(tmp, META), json.dumps(meta, indent=1).encode())
         fsync_path(tmp)
         if os.path.exists(final):  # a step written before by a run whose later checkpoints were refused
