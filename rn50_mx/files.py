@@ -31,6 +31,15 @@ def os_error(path, err, doing="write"):
 def lock_file(path):
     """An open descriptor holding an exclusive flock on `path` (created when missing), or an InputError: another
     process holds it, or `path` cannot be created (read-only or full disk, missing folder)."""
+    fd = try_lock(path)
+    if fd is None:
+        raise InputError(f"{path}: another process is writing this output now; wait for it to end or "
+                         "choose another output")
+    return fd
+
+
+def try_lock(path):
+    """lock_file's descriptor, or None when another process holds the lock."""
     while True:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -40,8 +49,7 @@ def lock_file(path):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise InputError(f"{path}: another process is writing this output now; wait for it to end or "
-                             "choose another output") from None
+            return None
         try:  # a holder that just finished removed the file we opened: lock the one at `path` now
             if os.fstat(fd).st_ino == os.stat(path).st_ino:
                 return fd
