@@ -41,7 +41,6 @@ trial_settings() {
     if [[ -f "$RESUME_STATE" ]]; then
         # shellcheck source=/dev/null  # written by stopped_resumable below
         source "$RESUME_STATE" || die "${RESUME_STATE}: unreadable; remove it to start the trials anew"
-        rm -f "$RESUME_STATE"
     elif compgen -G "${LOGDIR}/${DATESTAMP}_*.log" >/dev/null; then
         die "LOGDIR=${LOGDIR}: holds logs of DATESTAMP=${DATESTAMP} already; they are kept (choose another DATESTAMP)"
     fi
@@ -172,6 +171,7 @@ run_trials() {
         elif (( trial_status != 0 )); then
             failed+=("$i")
         fi
+        rm -f "$RESUME_STATE"  # kept until the resumed trial has ended: a launch stopped before it resumes it again
     done
     echo "Logs: ${logs[*]}"
     run_tool python -m rn50_mx.timing "${seen_logs[@]}" || say_error "no timing summary"

@@ -374,11 +374,14 @@ def test_a_resumable_stop_ends_the_trials_with_75(shared, tmp_path):
 def test_the_next_launch_resumes_the_stopped_trial_in_its_log(shared, tmp_path):
     """A launch with the DATESTAMP of one whose trial 1 stopped resumable (r.resume: run.sub's requeued job) runs
     trial 1 again with its seed (the checkpoint's), appending to r_1.log on a line of its own though the stopped
-    trial's last line was cut; the old code refused the DATESTAMP (its logs exist)."""
+    trial's last line was cut, and a launch that stopped before the trial leaves it to resume; the old code refused
+    the DATESTAMP (its logs exist)."""
     env = {**TINY, "DATADIR": shared["data"], "LOGDIR": str(tmp_path / "logs"), "NEXP": "3", "DATESTAMP": "r"}
     command, _ = launcher("./run_with_docker.sh", env)
     stub = site(tmp_path, RESUMABLE)
     assert run(command, stub).returncode == 75
+    bad, _ = launcher("./run_with_docker.sh", {**env, "BATCHSIZE": "abc"})
+    assert run(bad, stub).returncode == 2  # stopped before the trial: it is still to resume
     log = tmp_path / "logs" / "r_1.log"
     stopped = log.read_text() + "a line cut short"
     log.write_text(stopped)
