@@ -17,7 +17,7 @@ export LRSCHED=pow2
 export LARSETA=0.001
 export LABELSMOOTHING=0.1
 export EVAL_PERIOD=4
-# NETWORK=resnet-v1b-stats-fl: dropped. It chose the reference's fused-kernel symbol; rn50_mx has one ResNet-50 v1.5.
+# NETWORK=resnet-v1b-stats-fl: its NormConv units are RN50_NORMCONV (default 1, where MXNet has the operators).
 
 ## DALI
 export DALI_DONT_USE_MMAP=0  # 0 for local disks (/raid), 1 for lustre

@@ -9,15 +9,20 @@ import contextlib
 import fcntl
 import os
 import secrets
+import stat
 import zlib
 
 from .errors import InputError
 
 
 def read_bytes(path):
-    """The bytes of the file at `path`."""
+    """The bytes of the regular file at `path`. Anything else is refused before a read: a FIFO named like an image
+    would wait for a writer forever, a link to a device such as /dev/zero would never end (opening without
+    blocking lets a FIFO be looked at at all)."""
     try:
-        with open(path, "rb") as f:
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise InputError(f"{path}: not a regular file (a FIFO, a device or a socket): cannot read it")
             return f.read()
     except OSError as err:
         raise InputError(f"{path}: cannot read ({err.strerror})") from None

@@ -5,7 +5,9 @@ fusions
 unfolded into plain conv -> BN -> ReLU, which computes the same thing. Where the running MXNet has fused
 BatchNorm kernels (NGC builds: BatchNorm with act_type='relu', and BatchNormAddRelu) and the layout is NHWC,
 BN -> ReLU and BN -> add -> ReLU each run as one kernel, saving passes over every activation; stock MXNet,
-which has neither, runs them as separate operators. Either way the parameters and their names are the same. Parameter
+which has neither, runs them as separate operators. Where it also has NVIDIA's NormConv operators and the network is
+NHWC float16, each bottleneck runs as the reference wires them (see Bottleneck.normconv_forward and
+docs/faithful-to-the-submission.md). Either way the parameters and their names are the same. Parameter
 names are the reference's
 (`conv0_weight`, `stage1_unit1_conv1sc_weight`, `fc1_bias`, ...), so the 161 trainable tensors can be logged
 under the names the MLPerf checkers know.
@@ -35,18 +37,31 @@ def fused_batchnorm_available(arguments_of=mx.operator.get_operator_arguments,
     return "act_type" in arguments_of("BatchNorm").names and "BatchNormAddRelu" in operators()
 
 
+NORMCONV_OPERATORS = ("NormConvolution", "NormalizedConvolution", "BNStatsFinalize", "ScaleBiasAddRelu")
+
+
+def normconv_available(operators=mx.operator.get_all_registered_operators):
+    """Whether this MXNet build has NVIDIA's NormConv operators (NGC builds), judged by its operator registry."""
+    return set(NORMCONV_OPERATORS) <= set(operators())
+
+
 @dataclass(frozen=True)
 class Layout:
     """The layout and BatchNorm choices every layer shares, so the blocks never branch on them.
 
     `name` is "NCHW" (CPU) or "NHWC" (the reference's GPU layout). Conv weights are stored in the matching
     order: (out, in, kh, kw) for NCHW, (out, kh, kw, in) for NHWC. `fused`: BN -> ReLU and BN -> add -> ReLU
-    run as the fused kernels (see fused_batchnorm_available).
+    run as the fused kernels (see fused_batchnorm_available). `normconv_batch` > 0: the bottlenecks run as the
+    NormConv fusions, whose BatchNorm statistics count this many images per step: a fixed number, as in the
+    reference's symbol, which bakes its batch size in. `ops`: the namespace those fusions are called through; None
+    is the block's F (MXNet's own operators), a test passes another build's.
     """
     name: str = "NCHW"
     bn_eps: float = 1e-5
     bn_mom: float = 0.9
     fused: bool = False
+    normconv_batch: int = 0
+    ops: object = None
 
     def conv(self, channels, kernel, stride, padding, in_channels, prefix):
         """Convolution without bias, He-normal on fan-in = in*kh*kw (train_imagenet.py, MLPerfInit), not truncated."""
@@ -94,16 +109,32 @@ class BatchNormAddReLU(BatchNormReLU):
         return F.Activation(y + addend, act_type="relu")
 
 
+def shrink(hw, stride):
+    """(height, width) after a convolution or pooling of this network with `stride` (every one pads to keep
+    ceil(size / stride))."""
+    return tuple((size - 1) // stride + 1 for size in hw)
+
+
+def child_value(F, param, like):
+    """A child block's parameter inside a parent's hybrid_forward: what Gluon passes a block for its own parameters
+    (the symbol variable while tracing, else the data on `like`'s device)."""
+    return param.var() if F is mx.sym else param.data(like.context)
+
+
 class Bottleneck(gluon.HybridBlock):
     """1x1 reduce -> 3x3 (carries the stride: v1.5) -> 1x1 expand, plus a shortcut, then ReLU.
 
     The first unit of a stage has a projection shortcut (1x1 conv with the stride, then BN), stage 1 too.
     `zero_gamma` starts bn3's gamma at 0 so the unit begins as its shortcut (off in the reference).
+    `in_hw`: the (height, width) of the unit's input, which the NormConv statistics count over.
     """
 
-    def __init__(self, layout, in_channels, width, stride, projection, zero_gamma, prefix):
+    def __init__(self, layout, in_channels, width, stride, projection, zero_gamma, prefix, in_hw=(0, 0)):
         super().__init__(prefix=prefix)
         out_channels = width * EXPANSION
+        self.ops, self.batch = layout.ops, layout.normconv_batch
+        (h, w), (out_h, out_w) = in_hw, shrink(in_hw, stride)
+        self.in_pixels, self.out_pixels = self.batch * h * w, self.batch * out_h * out_w
         with self.name_scope():
             self.conv1 = layout.conv(width, 1, 1, 0, in_channels, "conv1_")
             self.bn1 = layout.batchnorm(width, "bn1_", then="relu")
@@ -115,10 +146,50 @@ class Bottleneck(gluon.HybridBlock):
             self.bnsc = layout.batchnorm(out_channels, "bnsc_") if projection else None
 
     def hybrid_forward(self, F, x):
+        if self.batch:
+            return self.normconv_forward(F, self.ops or F, x)
         shortcut = self.bnsc(self.conv1sc(x)) if self.conv1sc is not None else x
         y = self.bn1(self.conv1(x))
         y = self.bn2(self.conv2(y))
         return self.bn3(self.conv3(y), shortcut)
+
+    def normconv_forward(self, F, ops, x):
+        """The same unit as the reference's resnet-v1b-stats-fl wires it (residual_unit_norm_conv): each
+        convolution also emits its output's per-channel sum and sum of squares; BNStatsFinalize turns them into
+        BatchNorm's scale and bias and moves the running statistics; ScaleBiasAddRelu applies them, then the
+        shortcut add (for a projection, the shortcut's own BatchNorm too), then the ReLU. The weights, gammas, betas
+        and running statistics are this unit's own children's, so names, shapes and checkpoints are unchanged."""
+        def conv_bn(op, conv, bn, data, pixels, **mode):
+            geometry = {k: conv._kwargs[k] for k in ("kernel", "stride", "pad", "num_filter", "layout")}
+            out, total, squares = op(data=data, weight=child_value(F, conv.weight, x), act_type=None, **geometry,
+                                     **mode)
+            stats = ops.BNStatsFinalize(sum=total, sum_squares=squares, gamma=child_value(F, bn.gamma, x),
+                                        beta=child_value(F, bn.beta, x),
+                                        moving_mean=child_value(F, bn.running_mean, x),
+                                        moving_var=child_value(F, bn.running_var, x), eps=bn._kwargs["eps"],
+                                        momentum=bn._kwargs["momentum"], fix_gamma=False, output_mean_var=True,
+                                        elem_count=pixels)
+            return out, stats
+
+        def apply(side, stats):  # BNStatsFinalize's six outputs under ScaleBiasAddRelu's names for them
+            return {f"{side}_{name}": v for name, v in
+                    zip(("equiv_scale", "equiv_bias", "mean", "invvar", "gamma", "beta"), stats)}
+
+        def scale_bias_relu(data, stats, **kwargs):
+            return ops.ScaleBiasAddRelu(dataX=data, act_type="relu", layout="NHWC", **apply("x", stats), **kwargs)[0]
+
+        conv1, bn1 = conv_bn(ops.NormConvolution, self.conv1, self.bn1, x, self.in_pixels, no_norm=True)
+        y = scale_bias_relu(conv1, bn1, dual_scale_bias=False, fused_add=False)
+        conv2, bn2 = conv_bn(ops.NormalizedConvolution, self.conv2, self.bn2, y, self.out_pixels,
+                             no_equiv_scale_bias=True)
+        y = scale_bias_relu(conv2, bn2, dual_scale_bias=False, fused_add=False)
+        conv3, bn3 = conv_bn(ops.NormalizedConvolution, self.conv3, self.bn3, y, self.out_pixels,
+                             no_equiv_scale_bias=True)
+        if self.conv1sc is None:
+            return scale_bias_relu(conv3, bn3, dataZ=x, dual_scale_bias=False, fused_add=True)
+        shortcut, bnsc = conv_bn(ops.NormalizedConvolution, self.conv1sc, self.bnsc, x, self.out_pixels,
+                                 no_equiv_scale_bias=True)
+        return scale_bias_relu(conv3, bn3, dataZ=shortcut, dual_scale_bias=True, fused_add=True, **apply("z", bnsc))
 
 
 class ResNet50V15(gluon.HybridBlock):
@@ -133,22 +204,25 @@ class ResNet50V15(gluon.HybridBlock):
         3, or 4 for the reference's zero-padded input.
     zero_gamma : bool
         Zero-initialise the last BN gamma of each bottleneck.
+    image_hw : (int, int)
+        Height and width of the input images (the NormConv statistics count pixels).
     """
 
-    def __init__(self, layout, num_classes, in_channels, zero_gamma=False):
+    def __init__(self, layout, num_classes, in_channels, zero_gamma=False, image_hw=(224, 224)):
         super().__init__(prefix="")
         self.conv0 = layout.conv(STEM_CHANNELS, 7, 2, 3, in_channels, "conv0_")
         self.bn0 = layout.batchnorm(STEM_CHANNELS, "bn0_", then="relu")
         self.pool0 = layout.max_pool("pool0_")
-        channels = STEM_CHANNELS
+        channels, hw = STEM_CHANNELS, shrink(shrink(image_hw, 2), 2)  # conv0, then pool0
         self.stages = nn.HybridSequential(prefix="")
         for s, (units, width, stride) in enumerate(STAGES, start=1):
             stage = nn.HybridSequential(prefix=f"stage{s}_")
             with stage.name_scope():
                 for u in range(1, units + 1):
-                    stage.add(Bottleneck(layout, channels, width, stride if u == 1 else 1, projection=u == 1,
-                                         zero_gamma=zero_gamma, prefix=f"unit{u}_"))
-                    channels = width * EXPANSION
+                    unit_stride = stride if u == 1 else 1
+                    stage.add(Bottleneck(layout, channels, width, unit_stride, projection=u == 1,
+                                         zero_gamma=zero_gamma, prefix=f"unit{u}_", in_hw=hw))
+                    channels, hw = width * EXPANSION, shrink(hw, unit_stride)
             self.stages.add(stage)
         self.pool1 = layout.global_avg_pool("pool1_")
         self.fc1 = nn.Dense(num_classes, in_units=channels, prefix="fc1_",
@@ -166,9 +240,14 @@ def build_model(settings, ctx=None):
     Seed `mx.random` first for a reproducible init. In float16, Gluon's BatchNorm keeps gamma, beta and the
     running statistics in float32; the float32 master weights live in the optimizer (multi_precision).
     """
-    fused = settings.fused_bn and settings.input_layout == "NHWC" and fused_batchnorm_available()
-    layout = Layout(settings.input_layout, settings.batchnorm_eps, settings.batchnorm_mom, fused)
-    net = ResNet50V15(layout, settings.num_classes, settings.image_chw[0], settings.bn_gamma_init0)
+    nhwc = settings.input_layout == "NHWC"
+    fused = settings.fused_bn and nhwc and fused_batchnorm_available()
+    # NormConv's cuDNN kernels take float16 NHWC only (cudnn_normalized_convolution-inl.h, Supports).
+    normconv = settings.normconv and nhwc and settings.dtype == "float16" and normconv_available()
+    layout = Layout(settings.input_layout, settings.batchnorm_eps, settings.batchnorm_mom, fused,
+                    settings.batch_size if normconv else 0)
+    net = ResNet50V15(layout, settings.num_classes, settings.image_chw[0], settings.bn_gamma_init0,
+                      settings.image_chw[1:])
     net.initialize(ctx=ctx or mx.cpu())
     net.cast(settings.dtype)
     return net

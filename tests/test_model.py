@@ -5,6 +5,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 from mxnet import autograd, nd
+from mxnet.gluon import nn
 
 from rn50_mx import model
 from rn50_mx.config import Settings
@@ -183,3 +184,217 @@ def test_an_nhwc_model_takes_the_fused_kernels_when_the_build_has_them(monkeypat
         fused(mx.sym.var("data"))
     assert not model.build_model(nhwc.replace(fused_bn=False)).bn0.fused
     assert not model.build_model(Settings()).bn0.fused  # NCHW (CPU): never
+
+
+def channels_last(a):
+    return a.reshape((1, 1, 1, -1))
+
+
+def bn_backward(dy, x, mean, inv_std, gamma):
+    """BatchNorm's gradients from the saved batch mean and inverse std (what ScaleBiasAddRelu's backward runs)."""
+    n = x.size // x.shape[-1]
+    x_hat = (x - channels_last(mean)) * channels_last(inv_std)
+    d_beta, d_gamma = dy.sum(axis=(0, 1, 2)), (dy * x_hat).sum(axis=(0, 1, 2))
+    dx = channels_last(gamma * inv_std / n) * (n * dy - channels_last(d_beta) - x_hat * channels_last(d_gamma))
+    return dx, d_gamma, d_beta
+
+
+class ScaleBiasAddReluFn(autograd.Function):
+    """relu(x * scale + bias [+ z | + z * z_scale + z_bias]) forward; BatchNorm's full backward from the saved
+    statistics, with the gamma/beta gradients on the gamma/beta inputs and none on the scale, bias, mean and inv std
+    (scale_bias_add_relu.cc; cudnn_scale_bias_add_relu-inl.h, Backward).
+
+    The inputs are the differentiable ones (x, gamma, beta [, z [, z_gamma, z_beta]]); the constants come to the
+    constructor as {side: (scale, bias, mean, inv_std)}: MXNet 1.9's Function stops writing input gradients at the
+    first input that needs none (mxnet/autograd.py, backward_entry)."""
+
+    def __init__(self, constants):
+        super().__init__()
+        self.constants = constants
+
+    def forward(self, *inputs):
+        pre = nd.zeros_like(inputs[0])
+        for side, data in (("x", inputs[0]), ("z", inputs[3] if len(inputs) > 3 else None)):
+            if side in self.constants:
+                scale, bias = self.constants[side][:2]
+                pre = pre + data * channels_last(scale) + channels_last(bias)
+            elif data is not None:
+                pre = pre + data  # fused_add without dual_scale_bias: the shortcut as it is
+        self.save_for_backward(inputs, pre > 0)
+        return nd.relu(pre)
+
+    def backward(self, dy):
+        inputs, mask = self.saved_tensors
+        dy = dy * mask
+        grads = list(bn_backward(dy, inputs[0], *self.constants["x"][2:], inputs[1]))
+        if "z" in self.constants:
+            grads += bn_backward(dy, inputs[3], *self.constants["z"][2:], inputs[4])
+        elif len(inputs) > 3:
+            grads.append(dy)
+        return tuple(grads)
+
+
+class NormConvOps:
+    """NVIDIA's NormConv operators as we read their definitions (NVIDIA's MXNet fork, src/operator/nn/:
+    norm_convolution.cc, normalized_convolution.cc, bn_stats_finalize.cc, scale_bias_add_relu.cc and their cuDNN
+    classes), from stock operators, on CPU, imperative only: what another build's registry would answer. It checks
+    the network's wiring against that reading, not NVIDIA's kernels."""
+
+    @staticmethod
+    def _conv_stats(data, weight, act_type, kernel, stride, pad, num_filter, layout):
+        """Convolution, and its output's per-channel sum and sum of squares, which get no gradient (the backward
+        node takes the output's gradient only: NormalizedConvolutionGrad, NormConvolutionGrad)."""
+        assert act_type is None and layout == "NHWC"
+        nchw = nd.Convolution(data.transpose((0, 3, 1, 2)), weight.transpose((0, 3, 1, 2)), kernel=kernel,
+                              stride=stride, pad=pad, num_filter=num_filter, no_bias=True)
+        out = nchw.transpose((0, 2, 3, 1))
+        stats = out.detach()
+        return out, stats.sum(axis=(0, 1, 2)), (stats * stats).sum(axis=(0, 1, 2))
+
+    @classmethod
+    def NormConvolution(cls, no_norm, **kwargs):
+        assert no_norm  # the stats-fl network's first convolution: no normalisation of its input
+        return cls._conv_stats(**kwargs)
+
+    @classmethod
+    def NormalizedConvolution(cls, no_equiv_scale_bias, **kwargs):
+        assert no_equiv_scale_bias
+        return cls._conv_stats(**kwargs)
+
+    @staticmethod
+    def BNStatsFinalize(sum, sum_squares, gamma, beta, moving_mean, moving_var, eps, momentum, fix_gamma,
+                        output_mean_var, elem_count):
+        """(equiv_scale, equiv_bias, saved mean, saved inv std, gamma, beta); in training, the batch statistics
+        from the sums over elem_count values, and the running statistics moved by momentum."""
+        assert not fix_gamma and output_mean_var
+        if autograd.is_training():
+            mean = sum / elem_count
+            var = sum_squares / elem_count - mean * mean
+            with autograd.pause():
+                moving_mean[:] = moving_mean * momentum + mean * (1 - momentum)
+                moving_var[:] = moving_var * momentum + var * (1 - momentum)
+        else:
+            mean, var = moving_mean.copy(), moving_var.copy()
+        inv_std = 1 / nd.sqrt(var + eps)
+        scale = gamma.detach() * inv_std
+        return scale, beta.detach() - mean * scale, mean, inv_std, gamma, beta
+
+    @staticmethod
+    def ScaleBiasAddRelu(dataX, x_equiv_scale, x_equiv_bias, x_gamma, x_beta, x_mean, x_invvar, act_type, layout,
+                         dual_scale_bias, fused_add, dataZ=None, **z):
+        assert act_type == "relu" and layout == "NHWC" and (dataZ is not None) == fused_add
+        inputs = [dataX, x_gamma, x_beta]
+        constants = {"x": (x_equiv_scale, x_equiv_bias, x_mean, x_invvar)}
+        if fused_add:
+            inputs.append(dataZ)
+        if dual_scale_bias:
+            inputs += [z["z_gamma"], z["z_beta"]]
+            constants["z"] = tuple(z[f"z_{k}"] for k in ("equiv_scale", "equiv_bias", "mean", "invvar"))
+        out = ScaleBiasAddReluFn(constants)(*inputs)
+        return out, out > 0
+
+
+def two_units(layout, batch_hw):
+    """A projection unit with stride 2, then an identity unit: every wiring the network's 16 units use."""
+    stage = nn.HybridSequential(prefix="stage1_")
+    with stage.name_scope():
+        stage.add(model.Bottleneck(layout, 32, 16, 2, True, False, "unit1_", batch_hw[1:]),
+                  model.Bottleneck(layout, 64, 16, 1, False, False, "unit2_", model.shrink(batch_hw[1:], 2)))
+    stage.initialize()
+    return stage
+
+
+def test_normconv_units_equal_plain_units_on_the_same_weights():
+    """The NormConv wiring (NHWC, through NormConvOps) against conv -> BN -> ReLU (NCHW, stock MXNet): outputs,
+    every gradient, and the running statistics after a training step; then inference on those statistics."""
+    n, h, w = 4, 9, 9  # odd: the stride-2 units' pixel counts round up
+    plain = two_units(model.Layout("NCHW"), (n, h, w))
+    fused = two_units(model.Layout("NHWC", normconv_batch=n, ops=NormConvOps), (n, h, w))
+    rng = np.random.RandomState(0)
+    for (name, p), q in zip(plain.collect_params().items(), fused.collect_params().values()):
+        value = p.data()
+        if name.endswith(("gamma", "beta", "running_mean")):
+            value = nd.array(rng.uniform(-1, 1, p.shape) + (name.endswith("gamma")))
+        elif name.endswith("running_var"):
+            value = nd.array(rng.uniform(0.5, 2, p.shape))
+        p.set_data(value)
+        q.set_data(value.transpose((0, 2, 3, 1)) if value.ndim == 4 else value)
+    x = nd.array(rng.uniform(-1, 1, (n, 32, h, w)))
+    head = nd.array(rng.uniform(-1, 1, (n, 64, 5, 5)))
+    results = []
+    for net, to_net, from_net in ((plain, lambda a: a, lambda a: a),
+                                  (fused, lambda a: a.transpose((0, 2, 3, 1)), lambda a: a.transpose((0, 3, 1, 2)))):
+        data = to_net(x)
+        data.attach_grad()
+        with autograd.record():
+            out = net(data)
+            loss = (from_net(out) * head).sum()
+        loss.backward()
+        params = net.collect_params()
+        grads = {k: from_net(p.grad()) if p.grad().ndim == 4 else p.grad()
+                 for k, p in params.items() if p.grad_req != "null"}
+        stats = {k: p.data().copy() for k, p in params.items() if p.grad_req == "null"}
+        results.append(dict(out=from_net(out), dx=from_net(data.grad), grads=grads, stats=stats,
+                            infer=from_net(net(data))))
+    plain_r, fused_r = results
+    close = dict(rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(fused_r["out"].asnumpy(), plain_r["out"].asnumpy(), **close)
+    np.testing.assert_allclose(fused_r["dx"].asnumpy(), plain_r["dx"].asnumpy(), **close)
+    assert len(plain_r["grads"]) == 7 + 7 * 2  # 4 + 3 convolutions, 7 BatchNorms' gamma and beta
+    for name, grad in plain_r["grads"].items():
+        assert np.abs(grad.asnumpy()).max() > 0, name
+        np.testing.assert_allclose(fused_r["grads"][name].asnumpy(), grad.asnumpy(), err_msg=name, **close)
+    assert len(plain_r["stats"]) == 14
+    for name, value in plain_r["stats"].items():
+        np.testing.assert_allclose(fused_r["stats"][name].asnumpy(), value.asnumpy(), err_msg=name, **close)
+    np.testing.assert_allclose(fused_r["infer"].asnumpy(), plain_r["infer"].asnumpy(), **close)
+
+
+def test_normconv_is_chosen_by_the_registry_for_nhwc_float16_only(monkeypatch):
+    """The whole network with NormConv units keeps today's 161 trainable tensors (names, shapes, the 54/107 split)
+    and counts each unit's statistics over the batch's pixels at that unit; the traced graph calls the registry's
+    NormConvolution (which this stock MXNet lacks)."""
+    assert not model.normconv_available()
+    assert model.normconv_available(lambda: ["Convolution"] + list(model.NORMCONV_OPERATORS))
+    monkeypatch.setattr(model, "normconv_available", lambda: True)
+    gpu = Settings(device="gpu", input_layout="NHWC", dtype="float16", batch_size=8, fused_bn=False)
+    net = model.build_model(gpu)
+    units = [unit for stage in net.stages for unit in stage]
+    assert {unit.batch for unit in units} == {8}
+    assert (units[0].in_pixels, units[0].out_pixels) == (8 * 56 * 56, 8 * 56 * 56)
+    assert (units[3].in_pixels, units[3].out_pixels) == (8 * 56 * 56, 8 * 28 * 28)
+    assert (units[-1].in_pixels, units[-1].out_pixels) == (8 * 7 * 7, 8 * 7 * 7)
+    plain = model.build_model(gpu.replace(normconv=False))
+    shapes = lambda n: [(k, p.shape, p.grad_req) for k, p in n.collect_params().items()]  # noqa: E731
+    assert shapes(net) == shapes(plain)
+    assert [len(group) for group in model.split_params(net)] == [54, 107]
+    with pytest.raises(AttributeError, match="NormConvolution"):
+        net(mx.sym.var("data"))
+    assert not plain.stages[0][0].batch
+    assert not model.build_model(gpu.replace(dtype="float32")).stages[0][0].batch  # the kernels are float16 only
+    assert not model.build_model(Settings()).stages[0][0].batch  # NCHW (CPU): never
+
+
+class TraceOps:
+    """Stands in for the fused operators while the network is traced as a symbol: each output depends on every
+    input it was given, so the traced graph's inputs show which variables the fused path hands them."""
+    OUTPUTS = {"NormConvolution": 3, "NormalizedConvolution": 3, "BNStatsFinalize": 6, "ScaleBiasAddRelu": 2}
+
+    def __getattr__(self, op):
+        def call(**kwargs):
+            used = [mx.sym.sum(v) for v in kwargs.values() if isinstance(v, mx.sym.Symbol)]
+            return [mx.sym.add_n(*used)] * self.OUTPUTS[op]
+        return call
+
+
+def test_traced_normconv_graph_takes_every_parameter_by_its_name(monkeypatch):
+    """The symbol the hybridized network runs hands the fused operators this network's own variables: its inputs
+    are the data and exactly the parameters (weights, gammas, betas, running statistics) by name."""
+    monkeypatch.setattr(model, "normconv_available", lambda: True)
+    net = model.build_model(Settings(device="gpu", input_layout="NHWC", dtype="float16", fused_bn=False))
+    for stage in net.stages:
+        for unit in stage:
+            unit.ops = TraceOps()
+    graph = net(mx.sym.var("data"))
+    assert set(graph.list_inputs()) == {"data"} | set(net.collect_params())
+    assert {node["op"] for node in json.loads(graph.tojson())["nodes"]} >= {"Convolution", "BatchNorm", "sum"}

@@ -242,6 +242,20 @@ def test_unreadable_file_is_one_line(tree, small_rec, tmp_path):
     assert_one_line_error(cli("pack", tree, tmp_path / "out", "--list", small_rec + ".lst"), locked)
 
 
+@pytest.mark.parametrize("kind", ["FIFO", "link to /dev/zero"])
+def test_a_fifo_or_device_named_like_an_image_is_one_line(tree, tmp_path, kind):
+    """A FIFO waits for a writer forever and /dev/zero never ends: either hung the pack. Refused, or skipped."""
+    odd = tree / CLASSES[1] / "zzz.jpg"
+    if kind == "FIFO":
+        os.mkfifo(odd)
+    else:
+        odd.symlink_to("/dev/zero")
+    assert_one_line_error(cli("pack", tree, tmp_path / "out", "--workers", 2), odd)
+    assert not list(tmp_path.glob("out*"))
+    result = cli("pack", tree, tmp_path / "out", "--skip-bad")
+    assert result.returncode == 0 and str(odd) in result.stderr and "1 bad files skipped" in result.stdout
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_killed_pack_leaves_nothing_complete(jpeg_tree, small_rec, tmp_path, sig):
     """The last listed 'image' is a FIFO that never delivers, so the pack is mid-way when it is killed."""
