@@ -153,6 +153,8 @@ if [[ "$leader" == 1 ]]; then
     fi
 elif (( status == 142 )); then  # another task under srun: 128 + SIGALRM, the exit alarm after run_stop
     status=0
+elif (( status == 75 )); then  # another task under srun, stopped resumable with the leader (which says so)
+    exit 75
 fi
 if (( status != 0 )); then
     echo "run_and_time.sh: training failed with exit code ${status}" >&2

@@ -10,6 +10,11 @@
 #   run_tool CMD   runs a one-off command (the settings check, the timing tool) where rn50_mx is installed
 #   DATA_SEEN_AS, LOGS_SEEN_AS   DATADIR and LOGDIR as run_tool sees them
 #   on_resumable_stop (optional)  called when a trial stopped resumable (exit 75), before the loop exits 75
+#
+# A trial stopped resumable leaves LOGDIR/DATESTAMP.resume (the trial, its seed, the seeds and failures before it): the
+# next launch with the same LOGDIR and DATESTAMP (run.sub's requeued job) resumes that trial, its output appended to
+# the trial's log (the resumed run finds its checkpoint in RN50_CHECKPOINT_DIR and logs resumed_from), then goes on
+# with the trials after it.
 
 say_error() { echo "${LAUNCHER}: $*" >&2; }
 die() { say_error "$@"; exit 2; }
@@ -31,8 +36,21 @@ trial_settings() {
     { exec {log_lock_fd}>>"$LOG_LOCK"; } 2>/dev/null || die "LOGDIR=${LOGDIR}: not writable (the logs could not be kept)"
     flock -n "$log_lock_fd" || die "LOGDIR=${LOGDIR}: another launch is writing the logs of DATESTAMP=${DATESTAMP} now"
     trap 'rm -f "$LOG_LOCK"' EXIT
-    if compgen -G "${LOGDIR}/${DATESTAMP}_*.log" >/dev/null; then
+    RESUME_STATE="${LOGDIR}/${DATESTAMP}.resume"
+    resume_trial=0 resume_seed=0 used_seeds=" " failed=()  # the trial loop's state, unless a stopped trial resumes
+    if [[ -f "$RESUME_STATE" ]]; then
+        # shellcheck source=/dev/null  # written by stopped_resumable below
+        source "$RESUME_STATE" || die "${RESUME_STATE}: unreadable; remove it to start the trials anew"
+    elif compgen -G "${LOGDIR}/${DATESTAMP}_*.log" >/dev/null; then
         die "LOGDIR=${LOGDIR}: holds logs of DATESTAMP=${DATESTAMP} already; they are kept (choose another DATESTAMP)"
+    fi
+}
+
+# Trial $1 (seed $2) stopped resumable: what the next launch needs to resume it (the trial loop's own variables).
+stopped_resumable() {
+    if ! { printf 'resume_trial=%d\nresume_seed=%d\nused_seeds=%q\nfailed=(%s)\n' "$1" "$2" "$used_seeds" \
+               "${failed[*]}" >"${RESUME_STATE}.tmp" && mv "${RESUME_STATE}.tmp" "$RESUME_STATE"; } 2>/dev/null; then
+        say_error "cannot write ${RESUME_STATE}: a later launch starts the trials anew"
     fi
 }
 
@@ -81,14 +99,21 @@ clear_caches() {
     drop_caches
 }
 
-# Trial $1 with seed $2, its output in its log; the status is run_and_time.sh's (75: stopped, resumable).
+# Trial $1 with seed $2, its output in its log; the status is run_and_time.sh's (75: stopped, resumable). A resumed
+# trial's output is appended to its log, on a line of its own if the stopped one was cut mid-line.
 one_trial() {
+    local log=${logs[-1]} tee_flags=() begin="Beginning"
+    if (( $1 == resume_trial )); then
+        tee_flags=(-a)
+        begin="Resuming"
+        [[ ! -s "$log" || -z "$(tail -c 1 "$log")" ]] || echo >>"$log"
+    fi
     (
-        echo "Beginning trial ${1} of ${NEXP}"
+        echo "${begin} trial ${1} of ${NEXP}"
         if clear_caches; then export CACHE_CLEARED=1; else export CACHE_CLEARED=0; fi
         export SEED="$2"
         run_trial
-    ) |& tee "${logs[-1]}"
+    ) |& tee "${tee_flags[@]}" "$log"
 }
 
 # Runs "$@" in a process group of its own and waits for it: every command the launcher starts that may take long
@@ -120,7 +145,7 @@ stop_group() {
 }
 
 run_trials() {
-    local i seed used_seeds=" " logs=() seen_logs=() failed=()
+    local i seed logs=() seen_logs=()
     # Fail before any trial on a bad setting or a missing data file: one line naming it.
     run_in_group run_tool python -m rn50_mx.config --check --data-train "${DATA_SEEN_AS}/train.rec" \
         --data-val "${DATA_SEEN_AS}/val.rec" >/dev/null
@@ -131,19 +156,22 @@ run_trials() {
             --data-val "${DATA_SEEN_AS}/val.rec" || die "the self-test failed (its table says which check): no trial ran"
     fi
     for ((i = 1; i <= NEXP; i++)); do
-        seed=$(pick_seed "$i" "$used_seeds")
-        used_seeds+="$seed "
         logs+=("${LOGDIR}/${DATESTAMP}_${i}.log")
         seen_logs+=("${LOGS_SEEN_AS}/${DATESTAMP}_${i}.log")
+        if (( i < resume_trial )); then continue; fi  # done by the launch that stopped
+        if (( i == resume_trial )); then seed=$resume_seed; else seed=$(pick_seed "$i" "$used_seeds"); fi
+        [[ "$used_seeds" == *" $seed "* ]] || used_seeds+="$seed "
         trial_status=0
         run_in_group one_trial "$i" "$seed" || trial_status=$?
         if (( trial_status == 75 )); then
+            stopped_resumable "$i" "$seed"
             say_error "trial ${i} of ${NEXP}: stopped, resumable; no further trial runs"
             if declare -F on_resumable_stop >/dev/null; then on_resumable_stop; fi
             exit 75
         elif (( trial_status != 0 )); then
             failed+=("$i")
         fi
+        rm -f "$RESUME_STATE"  # kept until the resumed trial has ended: a launch stopped before it resumes it again
     done
     echo "Logs: ${logs[*]}"
     run_tool python -m rn50_mx.timing "${seen_logs[@]}" || say_error "no timing summary"

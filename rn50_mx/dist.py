@@ -20,7 +20,7 @@ Failures (horovodrun --gloo, Horovod 0.28.1, measured; tests/test_dist.py checks
 Ranks keep the default signal actions on purpose: a SIGTERM ends a rank at once, which is the first case,
 whereas a handler that waited for a step boundary (DLE's PartitionSignalHandler) could wait on a peer that is
 already gone. A run that is stopped has no run_stop line; MLPerf counts it as not finished either way. Only with
---checkpoint-dir do SIGTERM and SIGUSR1 ask for a stop at a step the ranks agree on (rn50_mx/checkpoint.py); a peer
+--checkpoint-dir do SIGTERM and SIGUSR1 ask for a stop at a step the ranks agree on (rn50_mx/checkpoint/); a peer
 that is gone then fails that agreement's allreduce as above.
 """
 import itertools

@@ -10,6 +10,7 @@ import fcntl
 import os
 import secrets
 import stat
+import zlib
 
 from .errors import InputError
 
@@ -35,6 +36,15 @@ def os_error(path, err, doing="write"):
 def lock_file(path):
     """An open descriptor holding an exclusive flock on `path` (created when missing), or an InputError: another
     process holds it, or `path` cannot be created (read-only or full disk, missing folder)."""
+    fd = try_lock(path)
+    if fd is None:
+        raise InputError(f"{path}: another process is writing this output now; wait for it to end or "
+                         "choose another output")
+    return fd
+
+
+def try_lock(path):
+    """lock_file's descriptor, or None when another process holds the lock."""
     while True:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -44,8 +54,7 @@ def lock_file(path):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise InputError(f"{path}: another process is writing this output now; wait for it to end or "
-                             "choose another output") from None
+            return None
         try:  # a holder that just finished removed the file we opened: lock the one at `path` now
             if os.fstat(fd).st_ino == os.stat(path).st_ino:
                 return fd
@@ -111,6 +120,25 @@ def write_atomically(path, text, what="", force=True):
             remove_quietly(tmp)
 
 
+def crc32(path, size=None):
+    """The CRC-32 of the file at `path`, or of its first `size` bytes."""
+    value, left = 0, size
+    with open(path, "rb") as f:
+        while left is None or left > 0:
+            chunk = f.read(1 << 22 if left is None else min(left, 1 << 22))
+            if not chunk:
+                break
+            value = zlib.crc32(chunk, value)
+            left = None if left is None else left - len(chunk)
+    return value
+
+
+def log_mark(path):
+    """What a log holds now, to know it again: its path, size and CRC-32 (continued_log checks them)."""
+    size = os.path.getsize(path)
+    return {"path": os.path.abspath(path), "size": size, "crc": crc32(path, size)}
+
+
 def new_log(path):
     """Open `path` for a log that must hold one run only: created, or an existing empty file; an existing log is
     refused, never appended to. The returned descriptor holds an exclusive lock on the file for as long as it is
@@ -121,3 +149,28 @@ def new_log(path):
         raise InputError(f"{path}: exists and holds a log; a log holds one run only: give a new file name "
                          "(or remove the old log)")
     return fd
+
+
+def continued_log(path, mark, whose):
+    """Open `path` to append a resumed run's lines to the log of the run it resumes (`whose`, which held `mark`,
+    log_mark's, at its checkpoint): the file must begin with those very bytes, so that it stays one run's story;
+    locked as new_log's. A last line cut short (a writer killed mid-line) is ended first: the appended lines start
+    on lines of their own."""
+    if not os.path.isfile(path):
+        raise not_that_log(path, mark, whose, "it does not exist")
+    fd = lock_file(path)
+    size = os.fstat(fd).st_size
+    why = (f"it has {size} bytes" if size < mark["size"] else
+           f"its first {mark['size']} bytes differ" if crc32(path, mark["size"]) != mark["crc"] else None)
+    if why:
+        os.close(fd)
+        raise not_that_log(path, mark, whose, why)
+    if size and os.pread(fd, 1, size - 1) != b"\n":
+        os.pwrite(fd, b"\n", size)
+    return fd
+
+
+def not_that_log(path, mark, whose, why):
+    return InputError(f"{path}: not the MLPerf log of the run being resumed ({why}; {whose} was written when "
+                      f"{mark['path']} had {mark['size']} bytes): a resumed run appends to its run's log; give "
+                      "that file")

@@ -8,20 +8,24 @@ and their order follow the NF5688M6 log; `python -m mlperf_logging.compliance_ch
 from mlperf_logging import mllog
 from mlperf_logging.mllog import constants as K
 
-from .files import new_log
+from .files import continued_log, new_log
 
 _logger = mllog.get_mllogger()
 _rank = 0
 _file_lock = None  # the descriptor that owns the log file while this process writes it
 
 
-def configure(rank, filename=""):
-    """Log from this process only when it is rank 0; also write to `filename` when given: a new (or empty) file
-    that this process owns until it exits (rn50_mx/files.py's new_log), never one holding another run."""
+def configure(rank, filename="", resumes=None):
+    """Log from this process only when it is rank 0; also write to `filename` when given, owned by this process
+    until it exits (rn50_mx/files.py): a new (or empty) file, never one holding another run; or, when `resumes` =
+    (checkpoint folder, log_mark of the log at that checkpoint), the log of the run resumed, continued."""
     global _rank, _file_lock
     _rank = rank
     if filename and rank == 0:
-        _file_lock = new_log(filename)
+        if resumes:
+            _file_lock = continued_log(filename, resumes[1], resumes[0])
+        else:
+            _file_lock = new_log(filename)
         mllog.config(filename=filename)
     mllog.config(default_stack_offset=2)
 

@@ -112,9 +112,10 @@ def read_run(path, ruleset):
     if not lines:
         raise InputError(f"{path}: no :::MLLOG lines")
     starts = sum(line.key == "run_start" for line in lines)
+    resumes = sum(line.key == "resumed_from" for line in lines)
     if not starts:
         raise InputError(f"{path}: no run_start in its MLLOG lines")
-    if starts > 1:
+    if starts > 1 + resumes:  # a resumed run continues its run's log: one run_start per part
         raise InputError(f"{path}: holds {starts} runs (run_start {starts} times); a log scores one run: give "
                          "each run its own file")
     first, evals, speed, epoch, status = {}, [], {}, None, "missing"
@@ -133,11 +134,12 @@ def read_run(path, ruleset):
         if line.key == "run_stop":
             status = meta.get("status", "no status")
             break
-    if "resumed_from" in first:  # a resumed run's time is not one timed run's (its first part is elsewhere)
+    if resumes:  # the rules time one uninterrupted run; the parts' run_start..run_stop is no such time
         status = "resumed from a checkpoint"
     return Run(
         path=path,
-        minutes=None if status == "missing" else result_summarizer._query_mlperf_strong_scaling_score(lines),
+        minutes=None if status in ("missing", "resumed from a checkpoint") else
+        result_summarizer._query_mlperf_strong_scaling_score(lines),
         status=status,
         converged_epoch=evals[-1][0] if status == "success" and evals else None,
         top1=evals[-1][1] if evals else None,
@@ -148,7 +150,7 @@ def read_run(path, ruleset):
         unparsed_lines=len(unparsed),
         evals=evals,
         throughput=[[e, speed[e]] for e in sorted(speed)],
-        resumed=any(line.key == "resumed_from" for line in lines),
+        resumed=resumes > 0,
     )
 
 

@@ -203,7 +203,7 @@ def run(s):
         saver = checkpoint.Checkpoints(s, d) if s.checkpoint_dir else None
         if saver and saver.meta and s.seed is None:  # the resumed run draws from the seed the checkpoint's run drew
             s = s.replace(seed=saver.meta["seed"])
-        log.configure(d.rank, s.mllog_file)
+        log.configure(d.rank, s.mllog_file, saver.resumes() if saver else None)
         log.start(K.INIT_START, every_rank=True)
         if saver and saver.meta:
             log.event("resumed_from", saver.resume, metadata={K.EPOCH_NUM: saver.meta["epoch"] + 1,

@@ -115,7 +115,11 @@ SlurmctldPort={free_port()}
 SlurmdPort={free_port()}
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={d}/munge/munge.sock
+# A requeued job waits cred_expire + 1 s before it may start again (120 s by default: slurm.conf(5)), until the
+# credentials of its first start have expired; 10 s here (5 is Slurm's minimum, src/common/slurm_cred.c), and the
+# backfill scheduler, which starts it once eligible, looks every second (30 s by default).
+AuthInfo=socket={d}/munge/munge.sock,cred_expire=10
+SchedulerParameters=bf_interval=1
 StateSaveLocation={d}/state
 SlurmdSpoolDir={d}/spool-%n
 TmpFS={d}/nodetmp

@@ -7,6 +7,7 @@ full disk, bad values; and `python -m rn50_mx.evaluate` on the saved model and o
 Tiny on purpose (24 images of 32x32 in batches of 4: 6 steps an epoch, 2 epochs); the uninterrupted run of each world
 size is shared by the tests.
 """
+import json
 import os
 import pickle
 import random
@@ -33,6 +34,8 @@ STEPS = 6  # per epoch: 24 images, batch 4 (2 ranks: batch 2 each)
 FLAGS = dict(num_classes=3, image_shape="3,32,32", batch_size=4, num_examples=24, num_epochs=2, warmup_epochs=1,
              lr=0.5, eval_offset=0, eval_period=1, min_random_area=0.3, dali_threads=1, seed=7, disp_batches=1,
              accuracy_threshold=1.0)
+# The compliance checker on a resumed run's log (docs/checkpoints.md): FAILED, first for the second init_start.
+RESUMED_LOG_VERDICT = re.compile(r"^CHECK for 'init_start' failed in line \d+: failed test: not s\['run_started'\] ")
 EPOCH_LINE = re.compile(r"^(?:\[0\]<stdout>:)?epoch (\d+): .*?(loss .*)$", re.M)  # without img/s and data wait
 
 
@@ -143,35 +146,65 @@ def uninterrupted_run(ranks, recs, tmp_path_factory):
     return _uninterrupted[ranks]
 
 
-def resume_and_compare(recs, uninterrupted, tmp_path, folder, resumed_epoch):
-    """Resume from `folder`; the final parameters, and the epoch lines from `resumed_epoch` on, equal the
-    uninterrupted run's. Returns the resumed run's MLPerf log."""
+def resume_and_compare(recs, uninterrupted, tmp_path, folder, resumed_epoch, log):
+    """Resume from `folder`, its MLPerf lines appended to `log`, the stopped run's; the final parameters, and the
+    epoch lines from `resumed_epoch` on, equal the uninterrupted run's."""
     ranks, reference, prefix, _ = uninterrupted
-    log = str(tmp_path / "resumed.log")
     text = run(recs, ranks, tmp_path / "resumed.txt", checkpoint_dir=folder, mllog_file=log,
                save_model=tmp_path / "resumed")
     assert_same_params(str(tmp_path / "resumed"), prefix)
     ours, theirs = epoch_lines(text), epoch_lines(reference)
     assert sorted(ours) == list(range(resumed_epoch, FLAGS["num_epochs"] + 1)), text[-3000:]
     assert all(ours[e] == theirs[e] for e in ours), (ours, theirs)
-    return log
+
+
+def resumed_part(log, stopped):
+    """The MLLOG lines the resumed run appended to `log`, which held `stopped` (the stopped run's text) before: the
+    file begins with that text, its last line ended if it was cut, and every appended line is an MLLOG line of its
+    own, from init_start and resumed_from to run_stop."""
+    text = open(log).read()
+    first = stopped if stopped.endswith("\n") else stopped + "\n"
+    assert text.startswith(first), text[:len(first) + 300]
+    added = [json.loads(line[len(":::MLLOG "):]) for line in text[len(first):].splitlines()]
+    keys = [e["key"] for e in added]
+    assert keys[:2] == ["init_start", "resumed_from"] and keys[-1] == "run_stop" and keys.count("run_start") == 1, keys
+    return [(e["key"], e["value"], e["metadata"]) for e in added]
+
+
+def assert_not_scored(log):
+    """timing gives a resumed run's log one row that says so, and no time; the compliance checker fails it as
+    docs/checkpoints.md says."""
+    result = subprocess.run([sys.executable, "-m", "rn50_mx.timing", log], env=clean_environ(), capture_output=True,
+                            text=True, timeout=120)
+    rows = [line for line in result.stdout.splitlines() if "resumed from a checkpoint" in line]
+    assert result.returncode == 0 and len(rows) == 1, result.stdout + result.stderr
+    assert timing.read_run(log, "1.0.0").minutes is None
+    verdict, reason = timing.check_compliance(log, "1.0.0")
+    assert verdict == "FAILED" and RESUMED_LOG_VERDICT.match(reason), reason
 
 
 @pytest.mark.slow
 def test_a_run_killed_after_a_checkpoint_resumes_exactly(recs, uninterrupted, tmp_path):
-    """--checkpoint-every 1, SIGKILL to the whole job at a random step of epoch 2 (after epoch 1's checkpoint)."""
+    """--checkpoint-every 1, SIGKILL to the whole job at a random step of epoch 2 (after epoch 1's checkpoint), its
+    log's last line then cut short (as when a writer is killed mid-line): the resumed run continues that log."""
     ranks = uninterrupted[0]
-    folder, out = str(tmp_path / "ckpt"), tmp_path / "killed.txt"
-    proc = start(recs, ranks, out, checkpoint_dir=folder, checkpoint_every=1)
+    folder, out, log = str(tmp_path / "ckpt"), tmp_path / "killed.txt", str(tmp_path / "mlperf.log")
+    proc = start(recs, ranks, out, checkpoint_dir=folder, checkpoint_every=1, mllog_file=log)
     wait_for(proc, out, rf"epoch 2 step {random.randint(1, STEPS - 1)}/{STEPS}")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert sorted(os.listdir(folder)) == ["lock", f"step-{STEPS}"]
-    log = resume_and_compare(recs, uninterrupted, tmp_path, folder, resumed_epoch=2)
-    assert values(events(log), "resumed_from", "epoch_num") == [2]
+    stopped = open(log).read()[:-20]  # in epoch 2's epoch_start line, after the checkpoint's mark
+    assert len(stopped) > checkpoint.read_meta(os.path.join(folder, f"step-{STEPS}"))["mllog"]["size"]
+    with open(log, "r+") as f:
+        f.truncate(len(stopped))
+    resume_and_compare(recs, uninterrupted, tmp_path, folder, 2, log)
+    resumed = resumed_part(log, stopped)
+    assert values(resumed, "resumed_from", "epoch_num") == [2]
     if ranks == 1:  # the run has ended: its folder is not resumed again
         train_refused(recs, folder, "the run there has ended (run_stop aborted)")
-    assert values(events(log), "eval_accuracy") == values(events(uninterrupted[3]), "eval_accuracy")[1:]
+    assert values(resumed, "eval_accuracy") == values(events(uninterrupted[3]), "eval_accuracy")[1:]
+    assert_not_scored(log)
 
 
 @pytest.mark.slow
@@ -179,7 +212,8 @@ def test_a_run_stopped_by_sigterm_mid_epoch_resumes_exactly(recs, uninterrupted,
     """SIGTERM (to rank 0 only: rank 1 stops at the same step) early in epoch 1: the ranks agree at a check 4 to 8
     steps later, mid-epoch 2 (step 8 = epoch 2 step 2), write a checkpoint, log resumable_stop and exit 75. Rank 0's
     Python waits for each step (a progress line a step), so the signal lands before its check at step 4; rank 1's
-    may run up to a check period ahead, where a signal to it would land a period later."""
+    may run up to a check period ahead, where a signal to it would land a period later. The resumed run's lines
+    follow resumable_stop in the same log."""
     ranks = uninterrupted[0]
     folder, out, log = str(tmp_path / "ckpt"), tmp_path / "stopped.txt", str(tmp_path / "mlperf.log")
     proc = start(recs, ranks, out, checkpoint_dir=folder, mllog_file=log)
@@ -189,21 +223,25 @@ def test_a_run_stopped_by_sigterm_mid_epoch_resumes_exactly(recs, uninterrupted,
     assert "stopped at epoch 2 step 2" in text, text[-3000:]
     stopped = events(log)
     assert values(stopped, "resumable_stop", "step") == [2] and values(stopped, "run_stop") == []
+    assert [key for key, _, _ in stopped][-1] == "resumable_stop"
     assert sorted(os.listdir(folder)) == ["lock", f"step-{STEPS + 2}"]
-    resumed = resume_and_compare(recs, uninterrupted, tmp_path, folder, resumed_epoch=2)
-    keys = [key for key, _, _ in events(resumed)]
-    assert keys[keys.index("init_start") + 1] == "resumed_from" and "epoch_start" not in keys  # epoch 2 was begun
-    assert timing.read_run(resumed, "1.0.0").resumed
+    before = open(log).read()
+    resume_and_compare(recs, uninterrupted, tmp_path, folder, 2, log)
+    keys = [key for key, _, _ in resumed_part(log, before)]
+    assert "epoch_start" not in keys  # epoch 2 was begun
+    assert timing.read_run(log, "1.0.0").resumed
+    assert_not_scored(log)
 
 
 # --- refusals -----------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def two_checkpoints(recs, tmp_path_factory):
-    """A folder with the checkpoints after epoch 1 (step 6) and at step 8 (SIGTERM), 1 process."""
+    """A folder with the checkpoints after epoch 1 (step 6) and at step 8 (SIGTERM), 1 process; its MLPerf log is
+    mlperf.log beside it."""
     tmp = tmp_path_factory.mktemp("two")
     folder, out = str(tmp / "ckpt"), tmp / "out.txt"
-    proc = start(recs, 1, out, checkpoint_dir=folder, checkpoint_every=1)
+    proc = start(recs, 1, out, checkpoint_dir=folder, checkpoint_every=1, mllog_file=tmp / "mlperf.log")
     wait_for(proc, out, rf"epoch 1 step 1/{STEPS}")
     proc.send_signal(signal.SIGTERM)
     finish(proc, out, code=checkpoint.RESUMABLE_EXIT)
@@ -253,6 +291,45 @@ def test_a_corrupt_or_partial_checkpoint_is_refused_and_the_previous_one_used(re
     assert refusals[1].endswith(f"step-{STEPS + 2}: refused (params is corrupt (CRC-32 differs)); renamed *.refused; "
                                 f"using step-{STEPS}")
     assert_same_params(str(tmp_path / "model"), reference)  # resumed from step 6: still exact
+
+
+HOLDS_THE_LOG = """
+import sys, time
+from rn50_mx import files
+held = files.lock_file(sys.argv[1])
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_resume_appends_to_its_run_s_log_only(recs, two_checkpoints, tmp_path):
+    """A resumed run continues the stopped run's --mllog-file and no other: a file with other lines, a shorter one
+    and a missing one are refused in one line before any work, and left as they were; so is the right log while
+    another process writes it. The old code refused the stopped run's log too (it held a run)."""
+    folder = str(copy_of(two_checkpoints, tmp_path))
+    stopped = open(os.path.join(os.path.dirname(two_checkpoints), "mlperf.log")).read()
+    at_checkpoint = checkpoint.read_meta(os.path.join(folder, f"step-{STEPS + 2}"))["mllog"]["size"]
+    for name, text, why in [("other.log", stopped.replace('"seed", "value": 7', '"seed", "value": 8'),
+                             f"its first {at_checkpoint} bytes differ"),
+                            ("short.log", stopped[:1000], "it has 1000 bytes"),
+                            ("missing.log", None, "it does not exist")]:
+        if text is not None:
+            (tmp_path / name).write_text(text)
+        result = train_refused(recs, folder, f"{tmp_path / name}: not the MLPerf log of the run being resumed ({why}; "
+                               f"{folder}/step-{STEPS + 2} was written when ", mllog_file=tmp_path / name)
+        assert "init_start" not in result.stdout
+        assert (tmp_path / name).read_text() == text if text is not None else not (tmp_path / name).exists()
+    log = str(tmp_path / "mlperf.log")
+    shutil.copy(os.path.join(os.path.dirname(two_checkpoints), "mlperf.log"), log)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDS_THE_LOG, log], stdout=subprocess.PIPE, text=True,
+                              env=clean_environ())
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        train_refused(recs, folder, f"{log}: another process is writing this output now", mllog_file=log)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert open(log).read() == stopped
 
 
 HOLDS_THE_LOCK = """

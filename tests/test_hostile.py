@@ -336,9 +336,10 @@ def test_timing_refuses_to_score_runs_of_different_systems_together(tmp_path):
 # PYTHONPATH: rn50_mx.train logs resumable_stop (and no run_stop) and exits 75, as a SIGTERM'd training does.
 RESUMABLE = """import sys
 if sys.orig_argv[1:3] == ["-m", "rn50_mx.train"]:
+    import os
+    print(f"seed {os.environ['SEED']}")
     print(':::MLLOG {"namespace": "", "time_ms": 1, "event_type": "POINT_IN_TIME", "key": "resumable_stop", '
           '"value": "/ckpt/epoch_1", "metadata": {"epoch_num": 1, "step": 3}}', flush=True)
-    import os
     os._exit(75)
 """
 
@@ -366,8 +367,31 @@ def test_a_resumable_stop_ends_the_trials_with_75(shared, tmp_path):
     assert "run_and_time.sh: stopped, resumable (checkpoint \"/ckpt/epoch_1\")" in result.stdout
     assert result.stderr.strip().splitlines()[-1] == (
         "run_with_docker.sh: trial 1 of 3: stopped, resumable; no further trial runs")
-    assert files_in(tmp_path / "logs") == ["r_1.log"]
+    assert files_in(tmp_path / "logs") == ["r.resume", "r_1.log"]
     assert "RESULT," not in result.stdout
+
+
+def test_the_next_launch_resumes_the_stopped_trial_in_its_log(shared, tmp_path):
+    """A launch with the DATESTAMP of one whose trial 1 stopped resumable (r.resume: run.sub's requeued job) runs
+    trial 1 again with its seed (the checkpoint's), appending to r_1.log on a line of its own though the stopped
+    trial's last line was cut, and a launch that stopped before the trial leaves it to resume; the old code refused
+    the DATESTAMP (its logs exist)."""
+    env = {**TINY, "DATADIR": shared["data"], "LOGDIR": str(tmp_path / "logs"), "NEXP": "3", "DATESTAMP": "r"}
+    command, _ = launcher("./run_with_docker.sh", env)
+    stub = site(tmp_path, RESUMABLE)
+    assert run(command, stub).returncode == 75
+    bad, _ = launcher("./run_with_docker.sh", {**env, "BATCHSIZE": "abc"})
+    assert run(bad, stub).returncode == 2  # stopped before the trial: it is still to resume
+    log = tmp_path / "logs" / "r_1.log"
+    stopped = log.read_text() + "a line cut short"
+    log.write_text(stopped)
+    result = run(command, stub)
+    assert result.returncode == 75, result.stderr[-2000:]
+    assert files_in(tmp_path / "logs") == ["r.resume", "r_1.log"]
+    text = log.read_text()
+    assert text.startswith(stopped + "\nResuming trial 1 of 3\n"), text[len(stopped) - 200:]
+    seeds = re.findall(r"^seed (\d+)$", text, re.M)
+    assert len(seeds) == 2 and seeds[0] == seeds[1], seeds
 
 
 @pytest.mark.slow

@@ -108,6 +108,53 @@ def test_one_node_two_tasks_make_one_job_and_scancel_stops_every_rank(cluster, t
         job_output(tmp_path, job_id)
 
 
+@pytest.mark.slow
+def test_usr1_stops_at_a_checkpoint_and_the_requeued_job_resumes_in_the_same_log(cluster, tiny_data, tmp_path):
+    """SIGUSR1 to the job's steps (what --signal=USR1@300 sends before the time limit: every step, not the batch
+    shell) mid-training: both ranks write a checkpoint and exit 75, the trial loop requeues the job (run.sub's
+    on_resumable_stop), Slurm starts it again, it resumes from the checkpoint and ends with run_stop success; the
+    trial's log, named by the job's id (run.sub's DATESTAMP), holds both attempts in order, and the job's output
+    too (--open-mode=append). The old code never ran this under Slurm; its requeued job met its own log and
+    stopped ("holds logs of DATESTAMP")."""
+    logs, ckpt = tmp_path / "logs", tmp_path / "ckpt"
+    env = {**TWO_RANKS, "DGXNGPU": "2", "DATADIR": tiny_data, "LOGDIR": str(logs), "CLEAR_CACHES": "0",
+           "NUMEPOCHS": "3", "EVAL_PERIOD": "3", "EVAL_OFFSET": "2", "RN50_CHECKPOINT_DIR": str(ckpt)}
+    del env["DATESTAMP"]
+    job_id = submit(cluster, tmp_path, env, "-N", "1", "-t", "10")
+    log = logs / f"{job_id}_1.log"
+    steps = math.ceil(IMAGES / (2 * int(TINY["BATCHSIZE"])))
+    deadline = time.time() + 600
+    while not (log.exists() and f"epoch 1 step 1/{steps}" in log.read_text()):
+        assert cluster.job(job_id)["JobState"] in ("PENDING", "RUNNING"), job_output(tmp_path, job_id)[-3000:]
+        assert time.time() < deadline
+        time.sleep(0.2)
+    cluster.run(["scancel", "--signal=USR1", str(job_id)])
+    while cluster.job(job_id)["Restarts"] != "1":  # the hook's scontrol requeue
+        assert time.time() < deadline, job_output(tmp_path, job_id)[-3000:]
+        time.sleep(0.2)
+    fields = cluster.wait_job(job_id, timeout=600)  # pending cred_expire + 1 s first (tests/slurm.py)
+    out, text = job_output(tmp_path, job_id), log.read_text()
+    assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", "1"), \
+        out[-4000:] + cluster.logs()
+    assert sorted(p.name for p in logs.iterdir()) == [f"{job_id}_1.log"]  # no .resume left, no second log
+    # The first attempt: both ranks stopped at one step with a checkpoint, exit 75, and the loop said so.
+    stop = re.search(r"^stopped at epoch (\d) step (\d): resume from (\S+)$", text, re.M)
+    assert stop, text[-3000:]
+    exits = re.findall(r"^srun: error: \S+: tasks? ([0-9-]+): Exited with exit code 75$", text, re.M)
+    assert sorted(exits) in (["0", "1"], ["0-1"]), text[-3000:]
+    assert "run.sub: trial 1 of 1: stopped, resumable; no further trial runs" in out and "training failed" not in out
+    # The second: the same trial resumed from that checkpoint, its lines after the first's, ending in success.
+    order = [text.index(mark) for mark in ("Beginning trial 1 of 1", '"key": "resumable_stop"',
+                                           "Resuming trial 1 of 1", '"key": "resumed_from"', '"key": "run_stop"')]
+    assert order == sorted(order), order
+    assert mllog(log, "resumed_from") == mllog(log, "resumable_stop") == [stop.group(3)]
+    assert len(mllog(log, "run_start")) == 2 and [event_metadata(log, "run_stop")["status"]] == ["success"]
+    assert re.findall(r"epoch 3 step (\d+)/", text)[-1] == str(steps) and text.count("RESULT,IMAGE_CLASSIFICATION") == 1
+    assert out.count("Beginning trial 1 of 1") == 1 and out.count("Resuming trial 1 of 1") == 1
+    assert re.search(rf"^{job_id}_1.log +- +resumed from a checkpoint ", out, re.M), out[-2000:]  # timing's row
+    assert (ckpt / "finished").read_text() == "run_stop success\n"
+
+
 WORLD_ERROR = ("rn50_mx.train: error: rank {rank}: {met} rank(s) met ({local} on this node), but DGXNNODES x "
                "DGXNGPU = {nodes} x {gpus} = {want} ({gpus} per node): start one task per device, and under srun use "
                "--mpi=pmix with Horovod built with MPI")

@@ -1,59 +1,25 @@
-"""Checkpoints: everything a run's future depends on, written so that a stop at any moment leaves a usable one, and
-read back so that the resumed run continues exactly as the uninterrupted run would have (tests/test_checkpoint.py).
-
-A checkpoint is a folder DIR/step-N, N the train steps done:
-  meta.json            the run (settings, ranks, base seed), where it stands (epoch, step, MLPerf block) and every
-                       other file's size and CRC-32; written last: a folder without it is partial
-  params               rank 0's parameters (mx.nd.save), BatchNorm running statistics included
-  trainer              rank 0's Trainer.save_states: momentum, fp32 master weights, update counts, and the pickled
-                       optimizer with its schedule (optim.schedule is a functools.partial: a lambda cannot be pickled)
-  rank<R>.aux          rank R's BatchNorm running statistics (each rank's own: BatchNorm is over the local batch)
-  rank<R>.json         rank R's iterator positions and skipped records, Python and NumPy RNG states, the epoch's loss
-  rank<R>.<split>.dali rank R's DALI pipeline states (Pipeline.checkpoint(): reader position, shuffle buffer and the
-                       random operators' generators)
-Weights and optimizer states are the same on every rank after each step (the gradients are allreduced): rank 0's stand
-for all. MXNet's own generator (mx.random) has no state to save in 1.9.1; nothing draws from it after the model's
-initialisation, which the resumed run repeats with the same seed (a test checks both).
-
-Writing: every rank writes its files into DIR/.tmp-step-N, each fsynced; once every rank has, rank 0 adds meta.json,
-fsyncs, and renames the folder to step-N: that one rename makes it current. The previous checkpoint stays (a newest one
-found corrupt falls back to it); older ones are deleted. DIR/lock keeps a second run off the folder.
-
-Stopping: with a checkpoint folder, SIGTERM and SIGUSR1 (what Slurm's --signal sends before the time limit) only ask
-for a stop. Every CHECK_PERIOD steps the ranks sum their requests in a tiny allreduce that is read one period later,
-so that no step waits for it; all ranks see the same sum at the same step, write a checkpoint there and exit 75.
-Without a folder nothing changes: the default actions end a rank at once (dist.py says why).
-"""
-import contextlib
+"""The checkpoint folder of a run: the lock, choosing the checkpoint to resume from, writing one and reading it
+back."""
 import dataclasses
-import fcntl
 import json
 import os
 import random
 import re
 import shutil
-import signal
 import socket
 import sys
-import zlib
 
 import mxnet as mx
 import numpy as np
 
-from . import config, dist, files
-from .errors import InputError
+from .. import config, dist, files
+from ..errors import InputError
+from .disk import META, first_line, fsync_path, problem, read_meta, summary, write_bytes
+from .settings import FREE, differences
 
 STEP = re.compile(r"^step-(\d+)$")
-META = "meta.json"
-CHECK_PERIOD = 4  # steps between the stop-flag allreduces: a stop lands 4 to 8 steps after its signal
-RESUMABLE = "resumable"  # fit's status when it stopped after writing a checkpoint
-RESUMABLE_EXIT = 75  # the exit status of a resumable stop (EX_TEMPFAIL), which trials.sh reports as such
 KEPT = 2  # complete checkpoints kept: the newest and the one before it
 FINISHED = "finished"  # written when the run ends with run_stop: its checkpoints are not to be resumed
-# Settings that do not change what a run computes; every other one must match the checkpoint's. The world size is
-# compared instead of the node and GPU counts.
-FREE = {"checkpoint_dir", "checkpoint_every", "save_model", "mllog_file", "disp_batches", "exit_timeout",
-        "cache_cleared", "submission_org", "dgxsystem", "dgxnnodes", "dgxngpu", "seed"}
 
 
 @dataclasses.dataclass
@@ -66,83 +32,6 @@ class Position:
     loss: float = 0.0
     images: int = 0
 
-
-# --- files --------------------------------------------------------------------------------------------------
-
-def fsync_path(path):
-    """Flush a file's or a folder's entry to the disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_bytes(path, payload):
-    with open(path, "wb") as f:
-        f.write(payload)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def crc(path):
-    value = 0
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            value = zlib.crc32(chunk, value)
-    return value
-
-
-def summary(folder):
-    """{file: [size, CRC-32]} of every file in `folder` but meta.json."""
-    return {name: [os.path.getsize(os.path.join(folder, name)), crc(os.path.join(folder, name))]
-            for name in sorted(os.listdir(folder)) if name != META}
-
-
-def problem(folder):
-    """Why the checkpoint in `folder` cannot be used (partial, corrupt), or None."""
-    try:
-        with open(os.path.join(folder, META)) as f:
-            meta = json.load(f)
-        files = meta["files"]
-    except FileNotFoundError:
-        return f"no {META}: its writer stopped before the end"
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        return f"{META} unreadable ({err})"
-    wanted = {"params", "trainer"} | {f"rank{r}.json" for r in range(meta.get("world", 0))}
-    missing = sorted(wanted - set(files))
-    if missing:
-        return f"{META} lists no {missing[0]}"
-    for name, (size, value) in files.items():
-        path = os.path.join(folder, name)
-        if not os.path.isfile(path):
-            return f"{name} is missing"
-        if os.path.getsize(path) != size:
-            return f"{name} has {os.path.getsize(path)} bytes, not {size}"
-        if crc(path) != value:
-            return f"{name} is corrupt (CRC-32 differs)"
-    return None
-
-
-def read_meta(folder):
-    with open(os.path.join(folder, META)) as f:
-        return json.load(f)
-
-
-# --- settings -----------------------------------------------------------------------------------------------
-
-def differences(saved, s, world):
-    """'--flag VALUE (checkpoint: OLD)' for each setting that decides the data order or the numerics and differs
-    from the checkpoint's (the seed only when given: a run without one takes the checkpoint's)."""
-    now = {**{f: getattr(s, f) for f in config.FIELDS if f not in FREE}, "ranks": world}
-    was = {**saved["settings"], "ranks": saved["world"]}
-    if s.seed is not None:
-        now["seed"], was["seed"] = s.seed, saved["seed"]
-    return [f"{config.flag_name(k) if k != 'ranks' else 'ranks'} {now[k]} (checkpoint: {was.get(k)})"
-            for k in now if now[k] != was.get(k)]
-
-
-# --- the folder ---------------------------------------------------------------------------------------------
 
 class Checkpoints:
     """The checkpoint folder of a run (--checkpoint-dir), as one rank sees it. Rank 0 locks it, picks the checkpoint
@@ -163,6 +52,12 @@ class Checkpoints:
                 raise InputError(f"{self.resume}: written with other settings, which would change the run: "
                                  + "; ".join(wrong))
         self.parts = None
+
+    def resumes(self):
+        """(checkpoint folder, log_mark of the MLPerf log then) when resuming a run that wrote an --mllog-file: the
+        resumed run continues that file (mlperf_log.configure)."""
+        mark = self.meta and self.meta.get("mllog")
+        return (self.resume, mark) if mark else None
 
     def attach(self, net, trainer, iters, steps_per_epoch, base_seed):
         """What a checkpoint saves: the model, its trainer, the iterators by split, and the run's numbers."""
@@ -251,6 +146,8 @@ class Checkpoints:
         meta = {"settings": {f: getattr(self.s, f) for f in config.FIELDS if f not in FREE},
                 "world": self.d.size, "seed": base_seed, "epoch": pos.epoch, "step": pos.step,
                 "files": summary(tmp)}
+        if self.s.mllog_file:  # what the log holds now: the resumed run appends to this very file
+            meta["mllog"] = files.log_mark(self.s.mllog_file)
         write_bytes(os.path.join(tmp, META), json.dumps(meta, indent=1).encode())
         fsync_path(tmp)
         if os.path.exists(final):  # a step written before by a run whose later checkpoints were refused
@@ -260,11 +157,6 @@ class Checkpoints:
         for old in complete(self.dir)[:-KEPT]:
             shutil.rmtree(old, ignore_errors=True)
         shutil.rmtree(final + ".replaced", ignore_errors=True)
-
-
-def first_line(err):
-    """An OSError's reason, or the last line of an MXNetError (its first lines are a C++ stack)."""
-    return getattr(err, "strerror", None) or str(err).strip().splitlines()[-1].replace("MXNetError: ", "")
 
 
 def fresh_folder(path):
@@ -279,23 +171,20 @@ def complete(folder):
 
 
 def lock(folder):
-    """Create `folder` if needed and hold its lock for the life of the process; one line when another run holds it
-    or the folder cannot be written."""
+    """Create `folder` if needed and hold its lock (files.try_lock) for the life of the process, saying who holds it;
+    one line when another run holds it or the folder cannot be written."""
+    path = os.path.join(folder, "lock")
     try:
         os.makedirs(folder, exist_ok=True)
-        f = open(os.path.join(folder, "lock"), "a+")
     except OSError as err:
         raise InputError(f"--checkpoint-dir {folder}: cannot write there ({err.strerror})") from None
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        raise InputError(f"--checkpoint-dir {folder}: in use by another run ({f.read().strip() or 'unknown'})"
-                         ) from None
-    f.truncate(0)
-    f.write(f"process {os.getpid()} on {socket.gethostname()}\n")
-    f.flush()
-    return f
+    fd = files.try_lock(path)
+    if fd is None:
+        with open(path) as f:
+            raise InputError(f"--checkpoint-dir {folder}: in use by another run ({f.read().strip() or 'unknown'})")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    return fd
 
 
 def newest_usable(folder, set_aside=True):
@@ -330,74 +219,3 @@ def agree(d, folder):
     step = int(STEP.match(os.path.basename(chosen)).group(1)) + 1 if chosen else 0
     step = int(d.allreduce_sum(mx.nd.array([step], ctx=dist.HOST, dtype="int32")).asscalar())
     return os.path.join(folder, f"step-{step - 1}") if step else None
-
-
-# --- stopping -----------------------------------------------------------------------------------------------
-
-class Stops:
-    """SIGTERM and SIGUSR1 ask for a stop; `agreed(step)` says, on every rank alike, when the ranks have agreed to
-    stop. A second signal ends the process at once, as without a checkpoint folder."""
-
-    def __init__(self, d):
-        self.d, self.asked, self.pending = d, False, None
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
-            signal.signal(sig, self.ask)
-
-    def ask(self, signum, frame):
-        if self.asked:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-        self.asked = True
-
-    def agreed(self, step):
-        """After global step `step`: whether any rank had asked when the last check period began."""
-        if step % CHECK_PERIOD:
-            return False
-        pending = self.pending
-        self.pending = self.d.allreduce_sum(mx.nd.array([self.asked], ctx=dist.HOST, dtype="int32"))
-        return pending is not None and pending.asscalar() > 0
-
-
-def default_signals():
-    """After training: SIGTERM and SIGUSR1 end the process at once again (its teardown has nothing to save)."""
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, signal.SIG_DFL)
-
-
-class NoStops:
-    """Without a checkpoint folder: the signals keep their default actions and no step checks anything."""
-
-    def agreed(self, step):
-        return False
-
-
-# --- the saved model --------------------------------------------------------------------------------------
-
-MODEL_FILES = ("-0000.params", "-symbol.json")
-
-
-def model_output(s, d):
-    """What --save-model will write, checked and owned from the start of the run (rank 0 writes it): an existing model
-    is kept, an unwritable folder or a second run saving there is one line now, not after the training."""
-    if not s.save_model or d.rank != 0:
-        return contextlib.nullcontext()
-    for suffix in MODEL_FILES:
-        if os.path.exists(s.save_model + suffix):
-            raise InputError(f"--save-model {s.save_model}: {s.save_model + suffix} exists; the model there is kept "
-                             "(give another path)")
-    return files.owned(s.save_model)
-
-
-def save_model(net, path):
-    """PATH-symbol.json and PATH-0000.params (HybridBlock.export), each written under a temporary name first."""
-    tmp = files.temp_name(path)
-    try:
-        net.export(tmp)
-        for suffix in MODEL_FILES:
-            fsync_path(tmp + suffix)
-            os.replace(tmp + suffix, path + suffix)
-    except (OSError, mx.base.MXNetError) as err:
-        raise InputError(f"--save-model {path}: cannot write ({first_line(err)})") from None
-    finally:
-        files.remove_quietly(*(tmp + suffix for suffix in MODEL_FILES))
-    return tuple(path + suffix for suffix in MODEL_FILES)

@@ -1,0 +1,38 @@
+"""Checkpoints: everything a run's future depends on, written so that a stop at any moment leaves a usable one, and
+read back so that the resumed run continues exactly as the uninterrupted run would have (tests/test_checkpoint.py).
+
+A checkpoint is a folder DIR/step-N, N the train steps done:
+  meta.json            the run (settings, ranks, base seed), where it stands (epoch, step, MLPerf block), every
+                       other file's size and CRC-32, and the --mllog-file's path, size and CRC-32 (the resumed run
+                       appends to that file); written last: a folder without it is partial
+  params               rank 0's parameters (mx.nd.save), BatchNorm running statistics included
+  trainer              rank 0's Trainer.save_states: momentum, fp32 master weights, update counts, and the pickled
+                       optimizer with its schedule (optim.schedule is a functools.partial: a lambda cannot be pickled)
+  rank<R>.aux          rank R's BatchNorm running statistics (each rank's own: BatchNorm is over the local batch)
+  rank<R>.json         rank R's iterator positions and skipped records, Python and NumPy RNG states, the epoch's loss
+  rank<R>.<split>.dali rank R's DALI pipeline states (Pipeline.checkpoint(): reader position, shuffle buffer and the
+                       random operators' generators)
+Weights and optimizer states are the same on every rank after each step (the gradients are allreduced): rank 0's stand
+for all. MXNet's own generator (mx.random) has no state to save in 1.9.1; nothing draws from it after the model's
+initialisation, which the resumed run repeats with the same seed (a test checks both).
+
+Writing: every rank writes its files into DIR/.tmp-step-N, each fsynced; once every rank has, rank 0 adds meta.json,
+fsyncs, and renames the folder to step-N: that one rename makes it current. The previous checkpoint stays (a newest one
+found corrupt falls back to it); older ones are deleted. DIR/lock keeps a second run off the folder.
+
+Stopping: with a checkpoint folder, SIGTERM and SIGUSR1 (what Slurm's --signal sends before the time limit) only ask
+for a stop. Every CHECK_PERIOD steps the ranks sum their requests in a tiny allreduce that is read one period later,
+so that no step waits for it; all ranks see the same sum at the same step, write a checkpoint there and exit 75.
+Without a folder nothing changes: the default actions end a rank at once (dist.py says why).
+
+The parts: disk.py (durable writes, the checks of meta.json), settings.py (which settings must match), folder.py (the
+lock, the choice, writing and reading), stops.py (the signals and the agreed step), model_file.py (--save-model).
+"""
+from ..errors import InputError
+from .disk import first_line, read_meta
+from .folder import Checkpoints, Position, lock, newest_usable
+from .model_file import model_output, save_model
+from .stops import RESUMABLE, RESUMABLE_EXIT, NoStops, Stops, default_signals
+
+__all__ = ["InputError", "first_line", "read_meta", "Checkpoints", "Position", "lock", "newest_usable", "model_output",
+           "save_model", "RESUMABLE", "RESUMABLE_EXIT", "NoStops", "Stops", "default_signals"]

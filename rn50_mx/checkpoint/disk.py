@@ -1,0 +1,65 @@
+"""A checkpoint's files on the disk: written durably, and checked against the sizes and CRC-32s its meta.json
+lists."""
+import json
+import os
+
+from .. import files
+
+META = "meta.json"
+
+
+def fsync_path(path):
+    """Flush a file's or a folder's entry to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_bytes(path, payload):
+    with open(path, "wb") as f:
+        f.write(payload)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def summary(folder):
+    """{file: [size, CRC-32]} of every file in `folder` but meta.json."""
+    return {name: [os.path.getsize(os.path.join(folder, name)), files.crc32(os.path.join(folder, name))]
+            for name in sorted(os.listdir(folder)) if name != META}
+
+
+def problem(folder):
+    """Why the checkpoint in `folder` cannot be used (partial, corrupt), or None."""
+    try:
+        with open(os.path.join(folder, META)) as f:
+            meta = json.load(f)
+        listed = meta["files"]
+    except FileNotFoundError:
+        return f"no {META}: its writer stopped before the end"
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"{META} unreadable ({err})"
+    wanted = {"params", "trainer"} | {f"rank{r}.json" for r in range(meta.get("world", 0))}
+    missing = sorted(wanted - set(listed))
+    if missing:
+        return f"{META} lists no {missing[0]}"
+    for name, (size, value) in listed.items():
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            return f"{name} is missing"
+        if os.path.getsize(path) != size:
+            return f"{name} has {os.path.getsize(path)} bytes, not {size}"
+        if files.crc32(path) != value:
+            return f"{name} is corrupt (CRC-32 differs)"
+    return None
+
+
+def read_meta(folder):
+    with open(os.path.join(folder, META)) as f:
+        return json.load(f)
+
+
+def first_line(err):
+    """An OSError's reason, or the last line of an MXNetError (its first lines are a C++ stack)."""
+    return getattr(err, "strerror", None) or str(err).strip().splitlines()[-1].replace("MXNetError: ", "")
