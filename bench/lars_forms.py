@@ -30,9 +30,10 @@ FORMS = ("submitted", "tf")
 def run(form, seed, folder, flags):
     """(epoch that reached the target or None, [top-1 per eval]) of one demo run."""
     args = ["-m", "rn50_mx.train", "--data-train", os.path.join(folder, "train.rec"),
-            "--data-val", os.path.join(folder, "val.rec"), "--seed", str(seed), *flags]
+            "--data-val", os.path.join(folder, "val.rec"), "--seed", str(seed), *flags, "--lars-form", form]
     command = f"source config/CPU.sh && exec {shlex.quote(sys.executable)} " + " ".join(map(shlex.quote, args))
-    env = {**{k: v for k, v in os.environ.items() if k != "DATADIR"}, "PYTHONPATH": ROOT, "RN50_LARS_FORM": form}
+    # The form is a flag: config/CPU.sh exports RN50_LARS_FORM=tf, which an environment variable set before it loses to.
+    env = {**{k: v for k, v in os.environ.items() if k != "DATADIR"}, "PYTHONPATH": ROOT}
     out = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True)
     if out.returncode:
         sys.exit(f"bench/lars_forms.py: {form} seed {seed}: training failed:\n{out.stderr[-2000:]}")
@@ -47,13 +48,17 @@ def main():
     parser.add_argument("--data", default=CACHE, help="folder of train/val .rec (packed there if missing)")
     args, flags = parser.parse_known_args()
     folder = demo_data(args.data)
-    reached = {form: [] for form in FORMS}
+    reached, seen = {form: [] for form in FORMS}, {}
     for seed in range(1, args.seeds + 1):
         for form in FORMS if seed % 2 else FORMS[::-1]:
             epoch, top1 = run(form, seed, folder, flags)
             reached[form].append(epoch)
             print(f"seed {seed} {form:>9}: target at epoch {epoch or '-'}, top-1 "
                   + " ".join(f"{t:.4f}" for t in top1), flush=True)
+            seen[form] = top1
+        if seen["submitted"] == seen["tf"]:  # the forms differ from the second update on
+            sys.exit(f"bench/lars_forms.py: seed {seed}: both forms gave the same evals: the form did not reach "
+                     "training")
     for form, epochs in reached.items():
         hits = [e for e in epochs if e]
         mean = f"{statistics.mean(hits):.2f}" if hits else "-"
