@@ -6,10 +6,11 @@ device with this config, and how fast is it next to the MLPerf anchors. One tabl
     python -m rn50_mx.selftest --stack-only --expect-gpu        (the Dockerfile's build-time check)
 
 The checks run the package's own code on the configured device (`dist.context`): the memory a process of the
-config needs (rn50_mx.memory, an estimate) against the GPU's; the DALI pipelines on real records; the configured layout and precision (NHWC float16, fused BatchNorm where MXNet has it) against NCHW
-float32 on the same weights and batch; one multi-precision LARS step against the float32 step; an allreduce
-across --ranks processes (default: one per visible GPU; on the CPU 1, so CI asks for 2); training steps on
-synthetic and on real batches, and one eval over the val set. On a CPU it is the same code on the CPU.
+config needs (rn50_mx.memory, an estimate) against the GPU's; the DALI pipelines on real records; the configured
+layout and precision (NHWC float16, fused BatchNorm and NormConv where MXNet has them) against NCHW float32 on the
+same weights and batch; one multi-precision LARS step against the float32 step; an allreduce across --ranks
+processes (default: one per visible GPU; on the CPU 1, so CI asks for 2); training steps on synthetic and on real
+batches, and one eval over the val set. On a CPU it is the same code on the CPU.
 """
 import argparse
 import os
@@ -24,7 +25,8 @@ from .stack import stack_rows, topology
 
 def parse_args(argv):
     parser = config.tool_parser("python -m rn50_mx.selftest", __doc__)
-    parser.add_argument("--stack-only", action="store_true", help="only the stack: versions, build features, and whether MXNet runs a kernel on each GPU")
+    parser.add_argument("--stack-only", action="store_true",
+                        help="only the stack: versions, build features, and whether MXNet runs a kernel on each GPU")
     parser.add_argument("--expect-gpu", action="store_true",
                         help="fail unless MXNet has CUDA, cuDNN and NCCL, Horovod NCCL, and DALI >= 1.44")
     parser.add_argument("--ranks", type=int, default=0, help="processes for the allreduce check (0: one per GPU)")
