@@ -39,6 +39,7 @@ TARGET_TOP1 = 0.759  # closed_resnet.yaml: some eval_accuracy must reach it
 # training_policies PR #503: runs faster than the RCP mean are scaled to it from the v2.1 round on; the
 # installed RCP checker computes the factor for every ruleset, so older rulesets must not apply it.
 NORMALIZED_FROM = "2.1.0"
+RESUMED = "resumed from a checkpoint"  # a Run's status when its log holds resumed_from
 
 
 @dataclass
@@ -46,7 +47,7 @@ class Run:
     """What one log says about its run, and the compliance checker's verdict on it."""
     path: str
     minutes: Optional[float]  # run_stop - run_start as the result summarizer computes it; None without run_stop
-    status: str  # run_stop's status (success / aborted), or "missing"
+    status: str  # run_stop's status (success / aborted), "missing", or RESUMED
     converged_epoch: Optional[int]  # epoch_num of the last eval before run_stop success
     top1: Optional[float]  # the last eval_accuracy
     seed: Optional[int]
@@ -58,7 +59,11 @@ class Run:
     throughput: list  # [epoch, images/s] per epoch
     compliance: str = ""  # SUCCESS / FAILED
     compliance_reason: str = ""  # the checker's first complaint, on one line
-    resumed: bool = False  # the log holds resumed_from: the rules time one uninterrupted run
+
+    @property
+    def resumed(self):
+        """The log holds resumed_from: the rules time one uninterrupted run."""
+        return self.status == RESUMED
 
     @property
     def counted(self):
@@ -135,11 +140,10 @@ def read_run(path, ruleset):
             status = meta.get("status", "no status")
             break
     if resumes:  # the rules time one uninterrupted run; the parts' run_start..run_stop is no such time
-        status = "resumed from a checkpoint"
+        status = RESUMED
     return Run(
         path=path,
-        minutes=None if status in ("missing", "resumed from a checkpoint") else
-        result_summarizer._query_mlperf_strong_scaling_score(lines),
+        minutes=None if status in ("missing", RESUMED) else result_summarizer._query_mlperf_strong_scaling_score(lines),
         status=status,
         converged_epoch=evals[-1][0] if status == "success" and evals else None,
         top1=evals[-1][1] if evals else None,
@@ -150,7 +154,6 @@ def read_run(path, ruleset):
         unparsed_lines=len(unparsed),
         evals=evals,
         throughput=[[e, speed[e]] for e in sorted(speed)],
-        resumed=resumes > 0,
     )
 
 
@@ -188,7 +191,7 @@ def check_compliance(path, ruleset):
 def drop_reason(run):
     """Why the score drops this run."""
     if run.resumed:
-        return "resumed from a checkpoint (not one uninterrupted run)"
+        return f"{RESUMED} (not one uninterrupted run)"
     return f"run_stop {run.status}" if run.status != "success" else "failed the compliance check"
 
 
