@@ -52,12 +52,14 @@ test: venv
 
 # The demo runs exactly what a GPU user runs: config file -> run_with_docker.sh (bare machine: CONT unset)
 # -> run_and_time.sh -> python -m rn50_mx.train, then the timing tool and the MLPerf compliance checker.
+# Each line execs its command: make passes a SIGTERM on to its children only, so a shell in between would die
+# alone and leave the command running.
 demo: venv
-	source config/CPU.sh && $(PY) -m rn50_mx.prep_rec fashion-mnist $(DATA) $$FMNIST_ARGS && \
-	  $(PY) -m rn50_mx.prep_rec verify $(DATA)/train --num-classes $$NUM_CLASSES && \
-	  $(PY) -m rn50_mx.prep_rec verify $(DATA)/val --num-classes $$NUM_CLASSES
+	source config/CPU.sh && exec $(PY) -m rn50_mx.prep_rec fashion-mnist $(DATA) $$FMNIST_ARGS
+	source config/CPU.sh && exec $(PY) -m rn50_mx.prep_rec verify $(DATA)/train --num-classes $$NUM_CLASSES
+	source config/CPU.sh && exec $(PY) -m rn50_mx.prep_rec verify $(DATA)/val --num-classes $$NUM_CLASSES
 	source config/CPU.sh && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" DATADIR=$(DATA) LOGDIR=$(LOGDIR) NEXP=$(NEXP) \
-	  exec ./run_with_docker.sh  # exec: the SIGTERM that make passes on reaches the launcher, which stops its trial
+	  exec ./run_with_docker.sh  # the launcher stops its trial on SIGTERM
 
 clean:
 	rm -rf $(VENV) data results build *.egg-info

@@ -99,21 +99,33 @@ clear_caches() {
     drop_caches
 }
 
-# Trial $1 with seed $2, its output in its log; the status is run_and_time.sh's (75: stopped, resumable). A resumed
-# trial's output is appended to its log, on a line of its own if the stopped one was cut mid-line.
+# Trial $1 with seed $2, its output in its log; the status is run_and_time.sh's (75: stopped, resumable), or 74 when
+# its log could not be written in full (a full LOGDIR: the trial runs on, its output still reaching the terminal, and
+# one line says which file and why once it has ended). A resumed trial's output is appended to its log, on a line of
+# its own if the stopped one was cut mid-line.
 one_trial() {
-    local log=${logs[-1]} tee_flags=() begin="Beginning"
+    local log=${logs[-1]} tee_flags=() begin="Beginning" tee_errors statuses
     if (( $1 == resume_trial )); then
         tee_flags=(-a)
         begin="Resuming"
         [[ ! -s "$log" || -z "$(tail -c 1 "$log")" ]] || echo >>"$log"
     fi
-    (
-        echo "${begin} trial ${1} of ${NEXP}"
-        if clear_caches; then export CACHE_CLEARED=1; else export CACHE_CLEARED=0; fi
-        export SEED="$2"
-        run_trial
-    ) |& tee "${tee_flags[@]}" "$log"
+    tee_errors=$(mktemp)
+    trap 'rm -f "$tee_errors"' EXIT
+    {
+        (
+            echo "${begin} trial ${1} of ${NEXP}"
+            if clear_caches; then export CACHE_CLEARED=1; else export CACHE_CLEARED=0; fi
+            export SEED="$2"
+            run_trial
+        ) |& tee "${tee_flags[@]}" "$log" 2>"$tee_errors"
+        statuses=("${PIPESTATUS[@]}")
+    } || true
+    if (( statuses[1] != 0 )); then
+        say_error "trial ${1} of ${NEXP}: its log is incomplete ($(head -n 1 "$tee_errors"))"
+        return 74
+    fi
+    return "${statuses[0]}"
 }
 
 # Runs "$@" in a process group of its own and waits for it: every command the launcher starts that may take long
@@ -163,7 +175,10 @@ run_trials() {
         [[ "$used_seeds" == *" $seed "* ]] || used_seeds+="$seed "
         trial_status=0
         run_in_group one_trial "$i" "$seed" || trial_status=$?
-        if (( trial_status == 75 )); then
+        if (( trial_status == 74 )); then
+            say_error "no further trial runs: its log would be lost too"
+            exit 1
+        elif (( trial_status == 75 )); then
             stopped_resumable "$i" "$seed"
             say_error "trial ${i} of ${NEXP}: stopped, resumable; no further trial runs"
             if declare -F on_resumable_stop >/dev/null; then on_resumable_stop; fi

@@ -12,6 +12,7 @@ Order as the reference (train_imagenet.py, common/fit.py and common/dali.py): bu
 pipelines, initialise, broadcast and warm up -> run_start -> open the data (the first time it is touched) ->
 epochs, with evals on the schedule -> run_stop as soon as top-1 reaches the target.
 """
+import faulthandler
 import random
 import signal
 import sys
@@ -267,6 +268,7 @@ def main():
     if "-h" in sys.argv[1:] or "--help" in sys.argv[1:]:
         print(config.help_text())
         return 0
+    faulthandler.enable(all_threads=True)  # a rank that dies in native code (CUDA, NCCL, Gloo) says where it was
     settings = config.load(sys.argv[1:])
     status = run(settings)
     arm_exit_alarm(settings.exit_timeout)

@@ -316,6 +316,20 @@ def test_two_launches_with_one_datestamp_and_an_existing_log(shared, tmp_path):
     assert (tmp_path / "same_1.log").read_text() == "an old trial\n"
 
 
+@pytest.mark.slow
+def test_a_logdir_that_fills_during_a_trial_is_one_line_and_stops_the_trials(shared, tmp_path):
+    """The old launcher counted the trial as failed with no reason given (tee's own complaint landed mid-line in the
+    stream) and went on to the next trial, whose log could not be written either."""
+    with mounted(tmp_path / "logs", "size=8k") as logs:
+        env = {**TINY, "DATADIR": shared["data"], "LOGDIR": logs, "NEXP": "2", "DATESTAMP": "t"}
+        result = run(*launcher("./run_with_docker.sh", env), timeout=300)
+        assert result.returncode == 1, result.stderr[-2000:]
+        assert result.stderr.strip().splitlines()[-2:] == [
+            f"run_with_docker.sh: trial 1 of 2: its log is incomplete (tee: {logs}/t_1.log: No space left on device)",
+            "run_with_docker.sh: no further trial runs: its log would be lost too"], result.stderr[-2000:]
+        assert "Beginning trial 2" not in result.stdout and "RESULT," in result.stdout  # trial 1 ran to its end
+
+
 def test_timing_refuses_to_score_runs_of_different_systems_together(tmp_path):
     logs = []
     for i, path in enumerate(FIXTURE_LOGS):
@@ -406,10 +420,9 @@ def test_run_stop_success_is_success_when_a_rank_hangs_at_exit(shared, tmp_path)
     assert re.search(r"^RESULT,IMAGE_CLASSIFICATION,,\d+,", result.stdout, re.M)
 
 
-def sigterm_to_run_with_docker(env, out, ready):
-    """Start run_with_docker.sh (`env` after config/CPU.sh), send it SIGTERM once ready(output, its processes) holds;
-    it must exit 143 and leave none of its processes running. Returns its output."""
-    command, _ = launcher("./run_with_docker.sh", env)
+def sigterm_to(command, out, ready):
+    """Start `command` (from the repository), send it SIGTERM once ready(output, its processes) holds; none of its
+    processes may be left running. Returns its exit status and its output."""
     with open(out, "w") as sink:
         proc = subprocess.Popen(command, env={"PATH": ENV_PATH, "HOME": "/tmp", **PYTHONPATH}, cwd=ROOT,
                                 stdout=sink, stderr=subprocess.STDOUT)
@@ -422,15 +435,22 @@ def sigterm_to_run_with_docker(env, out, ready):
             with contextlib.suppress(psutil.NoSuchProcess):
                 procs = psutil.Process(proc.pid).children(recursive=True)
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 143
+        status = proc.wait(timeout=60)
         _, alive = psutil.wait_procs(procs, timeout=15)
         alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         assert not alive, [p.cmdline() for p in alive]
-        return out.read_text()
+        return status, out.read_text()
     finally:
         for p in [*procs, psutil.Process(proc.pid)] if proc.poll() is None else procs:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
+
+
+def sigterm_to_run_with_docker(env, out, ready):
+    """sigterm_to() on run_with_docker.sh (`env` after config/CPU.sh), which must exit 143; its output."""
+    status, text = sigterm_to(launcher("./run_with_docker.sh", env)[0], out, ready)
+    assert status == 143, text[-3000:]
+    return text
 
 
 def runs(procs, module):
@@ -493,3 +513,19 @@ def test_slurms_sigusr1_to_every_process_of_a_trial_stops_it_resumable(shared, t
     text = out.read_text()
     assert "run_and_time.sh: stopped, resumable (checkpoint " in text and "RESULT," not in text
     assert [name for name in files_in(folder) if name.startswith("step-")]
+
+
+@pytest.mark.slow
+def test_sigterm_on_make_demo_while_it_packs_leaves_nothing_running(tmp_path):
+    """make passes a SIGTERM on to its own children only: the old recipe ran the packer under a shell, which died
+    alone, and the packer went on writing the data set after `make demo` had ended."""
+    command = ["make", "--no-print-directory", "demo", f"DATA={tmp_path / 'data'}", f"LOGDIR={tmp_path / 'logs'}"]
+
+    def packing(out, procs):
+        """The packer itself is running (not a shell on its way to it)."""
+        with contextlib.suppress(psutil.NoSuchProcess):
+            return any(p.name().startswith("python") and "fashion-mnist" in p.cmdline() for p in procs)
+
+    status, text = sigterm_to(command, tmp_path / "out.txt", packing)
+    assert status == -signal.SIGTERM, text[-3000:]
+    assert not (tmp_path / "logs").exists()

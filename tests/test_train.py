@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import mxnet as mx
 import pytest
@@ -276,6 +277,32 @@ def test_imagenet_configs_build_the_pipelines_before_run_start_and_read_no_data(
 
 
 # --- exit ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_process_that_dies_in_native_code_says_where_each_thread_was(tmp_path):
+    """An abort inside a library's C++ (a Gloo or NCCL error thrown on its own thread, a CUDA assert) ends a rank
+    with no Python traceback, and its peers only report that it went. The old code left nothing to read; now the
+    stacks of every thread are printed on the way out (faulthandler), and the process still ends by the signal."""
+    flags = dict(synthetic=1, num_examples=64, batch_size=8, num_epochs=50, warmup_epochs=0, eval_offset=0,
+                 num_classes=3, image_shape="3,32,32", seed=SEED, disp_batches=1, mllog_file=tmp_path / "mlperf.log")
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "rn50_mx.train",
+                                 *(f"{config.flag_name(k)}={v}" for k, v in flags.items())],
+                                env=clean_environ(), stdout=stdout, stderr=stderr)
+    try:
+        deadline = time.time() + 120
+        while "epoch 2 step" not in out.read_text():
+            assert proc.poll() is None and time.time() < deadline, err.read_text()[-3000:]
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGABRT)  # what std::terminate does to a process
+        assert proc.wait(timeout=60) == -signal.SIGABRT
+    finally:
+        proc.kill()
+    text = err.read_text()
+    assert "Fatal Python error: Aborted" in text and "Current thread" in text, text[-3000:]
+    assert re.search(r'File ".*rn50_mx/train\.py", line \d+ in fit', text), text[-3000:]
+
 
 HANGS_AT_EXIT = """
 import atexit, runpy, sys, time
