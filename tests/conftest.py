@@ -1,7 +1,10 @@
 """Shared real data for the tests: small JPEG class folders cut from Fashion-MNIST, and their packed .rec."""
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -49,6 +52,18 @@ def small_rec(jpeg_tree, tmp_path_factory):
     prefix = str(tmp_path_factory.mktemp("rec") / "small")
     prep_rec.pack(jpeg_tree, prefix, shuffle=False)
     return prefix
+
+
+def wait_for(proc, out, pattern, timeout=240):
+    """Until `pattern` is in the file `out` that `proc` writes; a process that ends first or a timeout fails the
+    test, and its group is killed (start `proc` with start_new_session=True)."""
+    deadline = time.time() + timeout
+    while not re.search(pattern, open(out).read(), re.M):
+        if proc.poll() is not None or time.time() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            pytest.fail(f"never saw {pattern!r}: " + open(out).read()[-3000:])
+        time.sleep(0.1)
 
 
 def bash(script, env=None, cwd=ROOT, timeout=120):

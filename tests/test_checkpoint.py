@@ -17,14 +17,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import mxnet as mx
 import numpy as np
 import psutil
 import pytest
 
-from conftest import assert_one_line_naming
+from conftest import assert_one_line_naming, wait_for
 from rn50_mx import checkpoint, config, model, optim, prep_rec, timing
 from rn50_mx.config import Settings
 from test_train import clean_environ, events, values
@@ -83,16 +82,6 @@ def finish(proc, out, code=0, timeout=300):
     text = open(out).read()
     assert proc.returncode == code, text[-3000:]
     return text
-
-
-def wait_for(proc, out, pattern, timeout=240):
-    deadline = time.time() + timeout
-    while not re.search(pattern, open(out).read(), re.M):
-        if proc.poll() is not None or time.time() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            pytest.fail(f"never saw {pattern!r}: " + open(out).read()[-3000:])
-        time.sleep(0.1)
 
 
 def run(recs, ranks, out, code=0, **changes):

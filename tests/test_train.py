@@ -10,14 +10,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import mxnet as mx
 import pytest
 
 from rn50_mx import config, data, dist, model, optim, prep_rec, timing, train
 from rn50_mx.config import Settings
-from conftest import CHECKER_ON_A_SHORT_RUN, assert_one_line_naming, sourced
+from conftest import CHECKER_ON_A_SHORT_RUN, assert_one_line_naming, sourced, wait_for
 
 CLASSES = ("1_trouser", "5_sandal", "8_bag")  # Fashion-MNIST folders; labels 0, 1, 2 in this order
 PER_CLASS = 10
@@ -289,12 +288,9 @@ def test_a_process_that_dies_in_native_code_says_where_each_thread_was(tmp_path)
     with open(out, "w") as stdout, open(err, "w") as stderr:
         proc = subprocess.Popen([sys.executable, "-m", "rn50_mx.train",
                                  *(f"{config.flag_name(k)}={v}" for k, v in flags.items())],
-                                env=clean_environ(), stdout=stdout, stderr=stderr)
+                                env=clean_environ(), stdout=stdout, stderr=stderr, start_new_session=True)
     try:
-        deadline = time.time() + 120
-        while "epoch 2 step" not in out.read_text():
-            assert proc.poll() is None and time.time() < deadline, err.read_text()[-3000:]
-            time.sleep(0.2)
+        wait_for(proc, out, "epoch 2 step", timeout=120)
         proc.send_signal(signal.SIGABRT)  # what std::terminate does to a process
         assert proc.wait(timeout=60) == -signal.SIGABRT
     finally:
