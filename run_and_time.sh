@@ -84,7 +84,7 @@ PARAMS=(
 # A bad setting stops here, before any rank starts, with one line naming the variable.
 # Under srun every task runs this script: only the leader checks, the job already checked before it started.
 if [[ "$leader" == 1 ]]; then
-    settings=$(python -m rn50_mx.config --check "${PARAMS[@]}")
+    settings=$(python -m rn50_mx.check "${PARAMS[@]}")
     echo "${settings}"
 fi
 

@@ -11,8 +11,8 @@
 #            there is one (trials.sh's source_tuned: an export after the config still wins). The container gets,
 #            with the values they have here (so an export after sourcing the config is an override), the
 #            variables config/<DGXSYSTEM>.sh exports and any other set here that rn50_mx reads (`python -m
-#            rn50_mx.config --env-names` in the image: its names, DALI_*, RN50_*).
-# DATADIR    folder with train.rec/.idx and val.rec/.idx (required; `python -m rn50_mx.config --check` checks
+#            rn50_mx.check --env-names` in the image: its names, DALI_*, RN50_*).
+# DATADIR    folder with train.rec/.idx and val.rec/.idx (required; `python -m rn50_mx.check` checks
 #            them before the first trial)
 # LOGDIR     where the logs go (default ./results);  NEXP  number of trials (default 5)
 # SEED       trial i uses SEED+i-1; unset, each trial draws a different random seed. The seed checker refuses
@@ -65,7 +65,7 @@ if [[ -n "${CONT:-}" ]]; then
     )
     # The variables handed on (see DGXSYSTEM above) and the launcher's own. What rn50_mx reads is asked of the
     # image: the host may not have the package.
-    env_names=$("${DOCKER_RUN[@]}" "$CONT" python -m rn50_mx.config --env-names)
+    env_names=$("${DOCKER_RUN[@]}" "$CONT" python -m rn50_mx.check --env-names)
     mapfile -t env_names <<<"$env_names"
     mapfile -t forwarded < <({ config_names; names_set_here "${env_names[@]}"; } | sort -u)
     for name in "${forwarded[@]}" SEED CACHE_CLEARED; do

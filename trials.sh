@@ -159,7 +159,7 @@ stop_group() {
 run_trials() {
     local i seed logs=() seen_logs=()
     # Fail before any trial on a bad setting or a missing data file: one line naming it.
-    run_in_group run_tool python -m rn50_mx.config --check --data-train "${DATA_SEEN_AS}/train.rec" \
+    run_in_group run_tool python -m rn50_mx.check --data-train "${DATA_SEEN_AS}/train.rec" \
         --data-val "${DATA_SEEN_AS}/val.rec" >/dev/null
     # SELFTEST=1: the self-test of the stack, the config and the data first (README "GPU users"); a failed check
     # stops the launch before any trial.

@@ -8,7 +8,7 @@ mx.nd on the CPU. ImageRecordIter resizes with OpenCV's bilinear filter, which d
 runs with --dali-resize-antialias 0; "ours antialiased" is DALI's default filter (the reference's).
 Contenders:
   ours              readers.mxnet -> fused decoders.image_random_crop -> experimental.warp_perspective (a pure
-                    scale: plain bilinear, what data.py uses without antialiasing) -> crop_mirror_normalize -> our
+                    scale: plain bilinear, what rn50_mx/data/pipeline.py uses without antialiasing) -> crop_mirror_normalize -> our
                     DataIter
   ours non-fused    decoders.image -> random_resized_crop (DALI's resampling kernel, not antialiased)
   ours antialiased  the fused decode -> fn.resize with its default antialiasing

@@ -10,11 +10,10 @@ import dataclasses
 import difflib
 import math
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .errors import InputError, run_cli
+from .errors import InputError
 
 
 # Bounds of the shapes: a per-process batch beyond 16384 images (40 times the reference's 408) or a side beyond
@@ -430,42 +429,3 @@ def describe(s, origins):
     """One line per setting: its flag, value and origin (flag, the environment variable, or default)."""
     return "\n".join(f"{flag_name(f.name):30} {getattr(s, f.name)!s:20} {origins.get(f.name, 'default')}"
                      for f in FIELDS.values())
-
-
-USAGE = """usage: python -m rn50_mx.config --check [rn50_mx.train flags]
-       python -m rn50_mx.config --env-names"""
-
-
-def main(argv=None, check=None):
-    """`--env-names`: the variables to hand on to a container, one per line. `--check [FLAGS]` runs `check(FLAGS)`,
-    which the tool above the settings composes (recipe.check.check_command: the settings, the data files and the
-    RCP verdict), so that this module depends on nothing above it."""
-    argv = sys.argv[1:] if argv is None else argv
-    if argv == ["--env-names"]:
-        print("\n".join(env_names()))
-        return 0
-    if argv[:1] != ["--check"] or check is None:
-        print(USAGE, file=sys.stderr)
-        return 2
-    return check(argv[1:])
-
-
-def check_data_files(settings):
-    """The .rec/.idx pairs the settings name must be there, readable and sound, and the train set must hold a
-    batch for every process, as training would find out after its start. Returns what was checked in words
-    ("not checked: ..." when the settings name no data)."""
-    splits = [(train, path) for train, path in ((True, settings.data_train), (False, settings.data_val)) if path]
-    if not splits:
-        return "not checked: no --data-train/--data-val (DATA_TRAIN/DATA_VAL) or DATADIR given"
-    from . import data  # loads MXNet and DALI: only when there are files to check
-    for train, _ in splits:
-        data.check_idx(*data.rec_and_idx(settings, train))
-    if settings.data_train:  # the batch the processes of the run take from this train set
-        data.steps_per_epoch(settings, settings.dgxnnodes * settings.dgxngpu)
-    return "found " + ", ".join(f"{path} and its .idx" for _, path in splits)
-
-
-if __name__ == "__main__":
-    from rn50_mx.recipe.check import check_command  # --check's composition lives with the tool above the settings
-
-    run_cli(lambda: main(check=check_command), "rn50_mx.config")

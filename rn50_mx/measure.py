@@ -106,9 +106,9 @@ def batches(s, ctx, seed):
 def sources(s, ctx):
     """{"synthetic": batches, "real": batches} of `s` on `ctx`, seeded as rank 0 of training (the global seeds
     too, as train.py). Checks the train files first: a missing one fails in one line before anything is built."""
-    from . import config, dist, train
+    from . import data, dist, train
 
-    config.check_data_files(s.replace(data_val=""))
+    data.check_files(s.replace(data_val=""))
     _, seed = train.rank_seed(s, dist.Single())
     return {"synthetic": batches(s.replace(synthetic=True), ctx, seed), "real": batches(s, ctx, seed)}
 

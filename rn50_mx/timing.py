@@ -22,20 +22,16 @@ import tempfile
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from mlperf_logging.benchmark_meta import get_result_file_counts
 from mlperf_logging.compliance_checker import mlp_compliance
 from mlperf_logging.compliance_checker.mlp_parser import parse_file
 from mlperf_logging.rcp_checker import rcp_checker
 from mlperf_logging.result_summarizer import result_summarizer
 
-from . import files, recipe
+from . import files
+from .mlperf_rules import (BENCHMARK, DEFAULT_RULESET, MAX_DROPPED, PRUNED, RUNS_NEEDED, TARGET_TOP1, USAGE,
+                           load_checker, rcp_file)
 from .errors import InputError, run_cli
 
-USAGE = recipe.USAGE
-BENCHMARK = recipe.BENCHMARK
-RUNS_NEEDED = get_result_file_counts(USAGE)[BENCHMARK]  # 5
-MAX_DROPPED = 1  # result summarizer and package checker: one dropped run per benchmark (4 for unet3d only)
-TARGET_TOP1 = 0.759  # closed_resnet.yaml: some eval_accuracy must reach it
 # training_policies PR #503: runs faster than the RCP mean are scaled to it from the v2.1 round on; the
 # installed RCP checker computes the factor for every ruleset, so older rulesets must not apply it.
 NORMALIZED_FROM = "2.1.0"
@@ -225,7 +221,7 @@ def mixed_runs(runs):
 
 def check_rcp(runs, ruleset):
     """The official RCP checker on the runs, laid out as the result_*.txt folder it expects."""
-    if not os.path.isfile(recipe.rcp_file(ruleset)):
+    if not os.path.isfile(rcp_file(ruleset)):
         return RcpVerdict(None, f"mlperf_logging has no ResNet RCPs for ruleset {ruleset}")
     if len(runs) != RUNS_NEEDED:
         return RcpVerdict(None, f"needs exactly {RUNS_NEEDED} runs, got {len(runs)}")
@@ -237,11 +233,11 @@ def check_rcp(runs, ruleset):
         for i, run in enumerate(runs, 1):
             os.symlink(os.path.abspath(run.path), os.path.join(folder, f"result_{i}.txt"))
         passed, message, norm = rcp_checker.check_directory(
-            folder, USAGE, ruleset, verbose=False, bert_train_samples=False, rcp_pass=recipe.PRUNED)
+            folder, USAGE, ruleset, verbose=False, bert_train_samples=False, rcp_pass=PRUNED)
     verdict = RcpVerdict(passed, message, norm_factor=norm)
     # check_directory returns the verdict only; the RCP mean and lowest accepted epochs shown beside it are the
     # record its own checker used, which only the (private) lookup gives: mlperf-logging is pinned for it.
-    record = recipe.load_checker(ruleset)._find_rcp(runs[0].batch_size, recipe.PRUNED)
+    record = load_checker(ruleset)._find_rcp(runs[0].batch_size, PRUNED)
     if record:
         verdict.rcp_mean, verdict.min_epochs = record["RCP Mean"], record["Min Epochs"]
     epochs = [run.converged_epoch for run in runs if run.converged_epoch is not None]
@@ -360,8 +356,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m rn50_mx.timing", description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", metavar="LOGS_OR_DIR",
                         help="training logs, or folders of *.log / result_*.txt files")
-    parser.add_argument("--ruleset", default="1.0.0", choices=sorted(mlp_compliance.rule_choices()),
-                        help="MLPerf training rules to check against (default 1.0.0)")
+    parser.add_argument("--ruleset", default=DEFAULT_RULESET, choices=sorted(mlp_compliance.rule_choices()),
+                        help=f"MLPerf training rules to check against (default {DEFAULT_RULESET})")
     parser.add_argument("--rcp", action="store_true", help="also run the RCP checker on the convergence epochs")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     parser.add_argument("--plot", metavar="FILE.png", help="draw top-1 and images/s per epoch of each run")

@@ -238,7 +238,7 @@ def test_the_gpu_handover_copies_into_a_ring_after_the_readers_are_done(small_re
     copied.handover = data.Handover(s, mx.cpu(), copy=True)
     waited = []
     real_wait = data.wait_for_readers
-    monkeypatch.setattr(data, "wait_for_readers", lambda array: (waited.append(array), real_wait(array))[1])
+    monkeypatch.setattr(data.iters, "wait_for_readers", lambda array: (waited.append(array), real_wait(array))[1])
     ring = [buffers[0] for buffers in copied.handover.ring]
     sums = []
     for step in range(2 * data.RING + 1):

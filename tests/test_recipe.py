@@ -1,4 +1,4 @@
-"""rn50_mx.recipe on the RCP files mlperf-logging installs, and the configs it writes run through `config --check`."""
+"""rn50_mx.recipe on the RCP files mlperf-logging installs, and the configs it writes run through `python -m rn50_mx.check`."""
 import argparse
 import json
 import os
@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT, assert_one_line_naming, bash, sourced
 from rn50_mx import config, recipe, train
 
-# Fields of `config --check`'s listing that make the recipe and the machine's shape.
+# Fields of `python -m rn50_mx.check`'s listing that make the recipe and the machine's shape.
 RECIPE_FLAGS = ("--batch-size", "--lr", "--end-lr", "--warmup-epochs", "--num-epochs", "--mom", "--wd", "--lars-eta",
                 "--lars-eps", "--optimizer", "--eval-period", "--eval-offset", "--kv-store", "--dgxngpu", "--dgxnnodes")
 
@@ -28,7 +28,7 @@ def args(nodes, gpus, max_batch=recipe.DEFAULT_MAX_BATCH, ruleset=recipe.DEFAULT
 
 
 def listing(stdout):
-    """`config --check`'s listing as {flag: value text}, and its last line (the RCP verdict)."""
+    """`python -m rn50_mx.check`'s listing as {flag: value text}, and its last line (the RCP verdict)."""
     lines = stdout.strip().splitlines()
     return {line.split()[0]: line.split()[1] for line in lines[:-1]}, lines[-1]
 
@@ -46,8 +46,8 @@ def run_recipe(config_dir, *flags):
 
 
 def check_written(path):
-    """`config --check` after sourcing a written config, as the launchers source it."""
-    result = bash(f"set -euo pipefail; source {path}; python -m rn50_mx.config --check")
+    """`python -m rn50_mx.check` after sourcing a written config, as the launchers source it."""
+    result = bash(f"set -euo pipefail; source {path}; python -m rn50_mx.check")
     assert result.returncode == 0, result.stderr
     return listing(result.stdout)
 
@@ -143,7 +143,7 @@ def test_written_config_reproduces_ours_and_reaches_training(config_dir, system,
     assert result.returncode == 0, result.stderr
     assert f"wrote {config_dir}/MINE.sh" in result.stdout
     written, verdict = check_written(config_dir / "MINE.sh")
-    ours = sourced(system, "python -m rn50_mx.config --check")
+    ours = sourced(system, "python -m rn50_mx.check")
     assert ours.returncode == 0, ours.stderr
     reference, reference_verdict = listing(ours.stdout)
     assert {f: written[f] for f in RECIPE_FLAGS} == {f: reference[f] for f in RECIPE_FLAGS}
@@ -190,7 +190,7 @@ def test_config_is_not_overwritten_unless_forced(config_dir):
 
 
 def test_check_says_the_cpu_demo_is_off_the_table_and_runs_it():
-    result = sourced("CPU", "python -m rn50_mx.config --check")
+    result = sourced("CPU", "python -m rn50_mx.check")
     assert result.returncode == 0, result.stderr
     assert listing(result.stdout)[1] == ("RCP (1.0.0): off the table: the ResNet RCPs are LARS runs on ImageNet's "
                                          "1000 classes; these settings train 10 classes")
@@ -237,10 +237,10 @@ def test_walltime_covers_every_trial_of_the_job(config_dir):
 
 
 def test_check_says_whether_it_checked_the_data(tmp_path):
-    result = sourced("CPU", "python -m rn50_mx.config --check")
+    result = sourced("CPU", "python -m rn50_mx.check")
     assert "data: not checked: no --data-train/--data-val" in result.stdout
     missing = tmp_path / "train.rec"
-    assert_one_line_naming(sourced("CPU", f"python -m rn50_mx.config --check --data-train {missing}"), str(missing))
+    assert_one_line_naming(sourced("CPU", f"python -m rn50_mx.check --data-train {missing}"), str(missing))
 
 
 @pytest.mark.parametrize("system", ["NF5688M6", "DGXA100_multi_8x8x204"])

@@ -217,3 +217,12 @@ def test_plot_output_is_checked_before_the_logs_are_read_and_owned_while_written
         os.close(held)
     timing.main([str(FIXTURE / "result_1.txt"), "--plot", str(png)])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and sorted(os.listdir(tmp_path)) == ["runs.png"]
+
+
+def test_the_mlperf_facts_agree_with_mlperf_logging():
+    """mlperf_rules states the runs a ResNet score takes without importing mlperf_logging; the package's own table
+    must say the same."""
+    from mlperf_logging.benchmark_meta import get_result_file_counts
+
+    from rn50_mx import mlperf_rules
+    assert get_result_file_counts(mlperf_rules.USAGE)[mlperf_rules.BENCHMARK] == mlperf_rules.RUNS_NEEDED

@@ -1,4 +1,4 @@
-"""python -m rn50_mx.tune on a real .rec: its fragment goes through the launchers' sourcing and `config --check`,
+"""python -m rn50_mx.tune on a real .rec: its fragment goes through the launchers' sourcing and `python -m rn50_mx.check`,
 its candidates change only the throughput knobs, its search stops on the budget, bad data stop it before timing."""
 import dataclasses
 import os
@@ -21,7 +21,7 @@ def small_settings(prefix, **environ):
 
 
 def check_listing(stdout):
-    """`config --check`'s listing as {flag: (value, origin)}."""
+    """`python -m rn50_mx.check`'s listing as {flag: (value, origin)}."""
     rows = [line.split() for line in stdout.splitlines() if line.startswith("--")]
     return {row[0]: (row[1], row[-1]) for row in rows}
 
@@ -38,7 +38,7 @@ def test_fragment_round_trips_through_the_launchers_and_config_check(small_rec, 
     assert sorted(os.listdir(tmp_path / "config")) == ["CPU.sh", "CPU_tuned.sh"]  # no temporary or lock left
     result = bash(f"set -euo pipefail; LAUNCHER=test; source trials.sh; source {tmp_path}/config/CPU.sh; "
                   f"export DALI_PREFETCH_QUEUE=4 BATCHSIZE=4; source_tuned {tmp_path}/config/CPU.sh; "
-                  f"python -m rn50_mx.config --check --data-train {small_rec}.rec", env=SMALL, timeout=300)
+                  f"python -m rn50_mx.check --data-train {small_rec}.rec", env=SMALL, timeout=300)
     assert result.returncode == 0, result.stderr
     listing = check_listing(result.stdout)
     assert listing["--dali-threads"] == ("1", "DALI_THREADS")
@@ -113,7 +113,7 @@ def test_datadir_names_the_data_and_omp_threads_come_only_from_the_environment(t
     assert (s.data_train, s.data_val) == (str(tmp_path / "train.rec"), str(tmp_path / "val.rec"))
     assert origins["data_train"] == "DATADIR" and s.omp_num_threads == 3
     assert config.resolve(["--data-train", "x.rec"], {"DATADIR": str(tmp_path)})[0].data_train == "x.rec"
-    result = bash("python -m rn50_mx.config --check --omp-num-threads 2")
+    result = bash("python -m rn50_mx.check --omp-num-threads 2")
     assert result.returncode == 2 and "set the variable instead" in result.stderr
 
 

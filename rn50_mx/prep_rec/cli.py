@@ -4,7 +4,7 @@ import signal
 import sys
 
 from ..errors import run_cli
-from . import layouts
+from ..mlperf_rules import IMAGENET_CLASSES
 from .fashion_mnist import make_fashion_mnist
 from .folders import pack
 from .imagenet import pack_imagenet
@@ -43,7 +43,7 @@ def parse_args(argv):
                                    "tree or class folders) -> OUT_DIR/{train,val}.{lst,rec,idx}")
     cmd.add_argument("src", help="folder holding the archives or the tree")
     cmd.add_argument("out_dir")
-    cmd.add_argument("--classes", type=positive, default=layouts.IMAGENET_CLASSES,
+    cmd.add_argument("--classes", type=positive, default=IMAGENET_CLASSES,
                      help="classes to expect where no devkit says (default 1000)")
     cmd.add_argument("--check-md5", action="store_true",
                      help="first check the official archives against their MD5 (one more read of 155 GB)")

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import InputError
 from ..files import read_bytes, refuse_existing
+from ..mlperf_rules import IMAGENET_CLASSES
 from . import layouts, tars
 from .folders import IM2REC_SEED, shuffled
 from .images import as_rgb_jpeg, checked, odd_kind
@@ -111,7 +112,7 @@ def pack_split(entries, labels, out_prefix, *, shuffle, seed, keep_odd_bytes, **
     return dataclasses.replace(summary, notes=tuple(sorted(reader.noted)))
 
 
-def pack_imagenet(src, out_dir, *, classes=layouts.IMAGENET_CLASSES, md5=False, keep_odd_bytes=False,
+def pack_imagenet(src, out_dir, *, classes=IMAGENET_CLASSES, md5=False, keep_odd_bytes=False,
                   shuffle=True, seed=IM2REC_SEED, workers=8, progress=None, skip_bad=False, on_found=print,
                   on_split=None, force=False):
     """SRC -> OUT_DIR/{val,train}.{lst,rec,idx} (val first: the small one). on_found gets the line saying which

@@ -35,7 +35,6 @@ DEVKIT_DIR = "ILSVRC2012_devkit_t12"
 META, GROUND_TRUTH = "data/meta.mat", "data/ILSVRC2012_validation_ground_truth.txt"
 KAGGLE = "ILSVRC/Data/CLS-LOC"
 KAGGLE_VAL, KAGGLE_SYNSETS = "LOC_val_solution.csv", "LOC_synset_mapping.txt"
-IMAGENET_CLASSES = 1000
 
 # An image: class folder (WNID), file name, and where its bytes are: `path` is a file of its own (offset None)
 # or an archive holding them at [offset, offset + size).

@@ -16,12 +16,12 @@ import os
 import sys
 
 from .. import anchors, config, memory
+from ..mlperf_rules import (BENCHMARK, DEFAULT_RULESET, PRUNED, PUBLISHED, USAGE, horizon_epochs, load_checker,
+                            rcp_file, rulesets)
 from ..errors import InputError
 from .check import place, verdict
 from .choosing import Recipe, choose, interpolate, mode_epoch, whole_epochs
 from .output import config_text, describe, memory_line, write_config
-from .rcps import (BENCHMARK, DEFAULT_RULESET, PRUNED, PUBLISHED, USAGE, horizon_epochs, load_checker, rcp_file,
-                   rulesets)
 from .rules import closed_rule_failures
 
 __all__ = ["BENCHMARK", "DEFAULT_MAX_BATCH", "DEFAULT_RULESET", "PRUNED", "PUBLISHED", "USAGE", "Recipe",
@@ -83,6 +83,6 @@ def main(argv=None):
     print(describe(recipe, speed, speed_source))
     print(memory_line(path, args.gpu_memory * memory.GIB if args.gpu_memory else gpu.memory_mib << 20,
                       f"{args.gpu_memory:g} GiB GPU" if args.gpu_memory else gpu.label))
-    print(f"wrote {path}: source it, then `python -m rn50_mx.config --check` shows every value training will use")
+    print(f"wrote {path}: source it, then `python -m rn50_mx.check` shows every value training will use")
     print(f"next: tune its input pipeline on one node with your data (DATADIR=... python -m rn50_mx.tune): it "
           f"writes config/{name}_tuned.sh, which the launchers source after {name}.sh")

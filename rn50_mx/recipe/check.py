@@ -1,27 +1,13 @@
-"""`python -m rn50_mx.config --check`: the resolved settings, their data files, where they stand against the RCP
-table, and the closed-division rules' verdict."""
-from .. import config
+"""Where settings stand against the RCP table, and the closed-division rules' verdict (for `python -m rn50_mx.check`
+and the recipe)."""
 from .choosing import whole_epochs
-from .rcps import DEFAULT_RULESET, PUBLISHED, checker_reference, load_checker, rcp_points
+from ..mlperf_rules import (DEFAULT_RULESET, IMAGENET_CLASSES, PUBLISHED, checker_reference, load_checker,
+                            rcp_points)
 from .rules import closed_rule_failures, momentum_note
-
-IMAGENET_CLASSES = 1000
-
-
-def check_command(flags):
-    """Validate the environment (and `flags`) as training would, check the data files the settings name (or say
-    that none were), print each resolved setting with its origin, then the RCP verdict; a bad value ends it with
-    one line naming the variable or file (exit 2)."""
-    settings, origins = config.resolve(flags, prog="rn50_mx.config")
-    data = config.check_data_files(settings)
-    print(config.describe(settings, origins))
-    print(f"data: {data}")
-    print(verdict(settings))
-    return 0
 
 
 def verdict(s, ruleset=DEFAULT_RULESET):
-    """One line for `config --check`: whether the settings' global batch and hyperparameters are an RCP of the
+    """One line for `python -m rn50_mx.check`: whether the settings' global batch and hyperparameters are an RCP of the
     ruleset (which), interpolated between RCPs, or off the table; and closed-rule failures."""
     batch = s.batch_size * s.dgxngpu * s.dgxnnodes
     if s.num_classes != IMAGENET_CLASSES or not s.is_lars:

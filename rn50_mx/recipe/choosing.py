@@ -5,10 +5,9 @@ from dataclasses import dataclass, field
 
 from .. import config
 from ..errors import InputError
-from .rcps import PRUNED, PUBLISHED, checker_reference, load_checker, rcp_points
+from ..mlperf_rules import EVAL_PERIOD, PRUNED, PUBLISHED, checker_reference, load_checker, rcp_points
 from .rules import closed_rule_failures
 
-EVAL_PERIOD = 4  # the rules: an eval every 4 epochs
 
 
 @dataclass

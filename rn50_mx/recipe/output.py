@@ -5,8 +5,7 @@ import subprocess
 
 from .. import anchors, config, memory
 from ..files import write_atomically
-from .choosing import EVAL_PERIOD
-from .rcps import IMAGENET_TRAIN
+from ..mlperf_rules import EVAL_PERIOD, IMAGENET_TRAIN
 from .rules import momentum_note
 
 INIT_AND_EVAL_MINUTES = 15  # per trial: the 30 untimed minutes the rules allow are rarely used

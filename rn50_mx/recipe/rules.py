@@ -7,7 +7,7 @@ from mlperf_logging import mllog
 from mlperf_logging.compliance_checker import mlp_compliance, mlp_parser
 
 from .. import mlperf_log
-from .rcps import BENCHMARK, USAGE
+from ..mlperf_rules import BENCHMARK, USAGE
 
 MOMENTUM_RULE_BATCH = 32768  # training_rules: LARS momentum is 0.9 below a 32k batch (no checker tests it)
 

@@ -76,7 +76,9 @@ def main(argv=None):
         return checks.allreduce_worker(settings)
     rows = stack_rows(args.expect_gpu)
     if not args.stack_only:
-        config.check_data_files(settings)
+        from .. import data  # loads MXNet and DALI: not for --stack-only
+
+        data.check_files(settings)
         if not settings.data_train or not settings.data_val:
             raise InputError("--data-train and --data-val: the self-test reads real records of both splits")
         gpus = len(bind.query_gpus("index")) if settings.device == "gpu" else 1

@@ -45,7 +45,10 @@ def settings(rest, need_data=True):
     s = config.load(rest, prog="rn50_mx.tune").replace(synthetic=False)
     if need_data and not s.data_train:
         raise InputError("no train data: set DATADIR (the folder of train.rec) or give --data-train")
-    config.check_data_files(s.replace(data_val=""))
+    if s.data_train:
+        from .. import data  # loads MXNet and DALI: not for a plan without data
+
+        data.check_files(s.replace(data_val=""))
     return s.replace(data_val="")
 
 

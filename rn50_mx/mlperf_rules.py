@@ -1,19 +1,26 @@
-"""The RCP table, read from mlperf-logging: the files of each ruleset, the RCP checker, their decay steps as a
-horizon in epochs, the record the checker compares a global batch with; and the published runs below the smallest RCP
-(PUBLISHED)."""
+"""The MLPerf ResNet-50 facts in one place: the benchmark's constants, the RCP table read from mlperf-logging (the
+files of each ruleset, the RCP checker, their decay steps as a horizon in epochs, the record the checker compares a
+global batch with) and the published runs below the smallest RCP (PUBLISHED).
+
+The target top-1 and the eval period are the settings' defaults (config.py, the ground floor, states them once);
+mlperf_logging is imported only by the functions that read its tables."""
 import glob
 import os
 from dataclasses import dataclass
 
-from mlperf_logging.rcp_checker import rcp_checker
-
-from ..errors import InputError
+from . import config
+from .errors import InputError
 
 USAGE = "training"
 BENCHMARK = "resnet"
 DEFAULT_RULESET = "1.0.0"  # the rules of the v1.0 submission rn50_mx reimplements
 PRUNED = "pruned_rcps"  # the RCP set the package checker compares submissions with
 IMAGENET_TRAIN = 1281167  # images in an ImageNet epoch: the RCPs' decay steps convert with it
+IMAGENET_CLASSES = 1000
+TARGET_TOP1 = config.FIELDS["accuracy_threshold"].default  # closed_resnet.yaml: some eval_accuracy must reach it
+EVAL_PERIOD = config.FIELDS["eval_period"].default  # the rules: an eval every 4 epochs
+RUNS_NEEDED = 5  # runs in a ResNet score (mlperf_logging.benchmark_meta; test_timing checks the two agree)
+MAX_DROPPED = 1  # result summarizer and package checker: one dropped run per benchmark (4 for unet3d only)
 
 
 @dataclass(frozen=True)
@@ -48,14 +55,20 @@ PUBLISHED = (
 )
 
 
+def checker_module():
+    """mlperf_logging's RCP checker module (imported on first use: the constants above need none of it)."""
+    from mlperf_logging.rcp_checker import rcp_checker
+    return rcp_checker
+
+
 def rcp_file(ruleset):
     """The package's ResNet RCP file of a ruleset."""
-    return os.path.join(os.path.dirname(rcp_checker.__file__), f"{USAGE}_{ruleset}", f"rcps_{BENCHMARK}.json")
+    return os.path.join(os.path.dirname(checker_module().__file__), f"{USAGE}_{ruleset}", f"rcps_{BENCHMARK}.json")
 
 
 def rulesets():
     """The rulesets whose RCP folder has ResNet RCPs."""
-    folders = glob.glob(os.path.join(os.path.dirname(rcp_checker.__file__), f"{USAGE}_*"))
+    folders = glob.glob(os.path.join(os.path.dirname(checker_module().__file__), f"{USAGE}_*"))
     return sorted(os.path.basename(folder)[len(USAGE) + 1:] for folder in folders
                   if os.path.isfile(os.path.join(folder, f"rcps_{BENCHMARK}.json")))
 
@@ -65,7 +78,7 @@ def load_checker(ruleset):
     if not os.path.isfile(rcp_file(ruleset)):
         raise InputError(f"--ruleset {ruleset}: mlperf_logging has no ResNet RCPs for it (it has "
                          f"{', '.join(rulesets())})")
-    return rcp_checker.RCP_Checker(USAGE, ruleset, BENCHMARK, False)
+    return checker_module().RCP_Checker(USAGE, ruleset, BENCHMARK, False)
 
 
 def horizon_epochs(record):
