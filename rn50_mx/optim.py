@@ -101,6 +101,13 @@ class LARS(mx.optimizer.Optimizer):
         self.aggregate_num = MAX_TENSORS_PER_CALL  # make_optimizer sets the configured size
         self.groups = {}  # tuple of indices -> Group
 
+    def __getstate__(self):
+        """Pickled without the groups: derived data whose arrays would unpickle onto the device they were saved
+        from (another rank's GPU), rebuilt by `group` on the weights' device instead."""
+        state = super().__getstate__()
+        state["groups"] = {}
+        return state
+
     def create_state(self, index, weight):
         return nd.zeros(weight.shape, weight.context, dtype=weight.dtype)
 

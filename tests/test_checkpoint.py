@@ -385,12 +385,18 @@ def test_bad_checkpoint_settings_are_refused(flags, env, name):
 
 # --- what a checkpoint relies on ------------------------------------------------------------------------------
 
-def test_the_schedule_pickles_with_the_optimizer():
-    """Trainer.save_states pickles the optimizer and its lr_scheduler: a lambda would fail there (and leave an
-    empty file)."""
+def test_the_optimizer_pickles_without_its_device_arrays():
+    """Our checkpoints hold no pickle (checkpoint/trainer_file.py), but a user's Trainer.save_states pickles the
+    optimizer with its lr_scheduler (a lambda would fail there) and LARS's per-group arrays, which unpickle onto the
+    device they were saved from (GPU review 3, F1): the groups are derived data, left out and rebuilt on the weights'
+    device at the next update."""
     s = Settings(warmup_epochs=1, num_epochs=3)
-    opt = pickle.loads(pickle.dumps(optim.make_optimizer(s, 10)))
+    made = optim.make_optimizer(s, 10)
+    weight = mx.nd.ones((4, 3, 1, 1), ctx=mx.cpu(1))
+    made.group([0], [weight])
+    opt = pickle.loads(pickle.dumps(made))
     assert opt.lr_scheduler(15) == optim.schedule(s, 10)(15) and opt.aggregate_num == s.optimizer_aggregation_size
+    assert made.groups and opt.groups == {}
 
 
 def test_nothing_draws_from_mxnet_s_generator_after_the_model_is_built():

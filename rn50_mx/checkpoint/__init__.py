@@ -6,12 +6,13 @@ A checkpoint is a folder DIR/step-N, N the train steps done:
                        other file's size and CRC-32, and the --mllog-file's path, size and CRC-32 (the resumed run
                        appends to that file); written last: a folder without it is partial
   params               rank 0's parameters (mx.nd.save), BatchNorm running statistics included
-  trainer              rank 0's Trainer.save_states: momentum, fp32 master weights, update counts, and the pickled
-                       optimizer with its schedule (optim.schedule is a functools.partial: a lambda cannot be pickled)
+  trainer              rank 0's optimizer states (momentum, fp32 master weights) as arrays (mx.nd.save), and
+  trainer.json         the update counts the schedule follows: no pickle, so a folder runs no code (trainer_file.py)
   rank<R>.aux          rank R's BatchNorm running statistics (each rank's own: BatchNorm is over the local batch)
   rank<R>.json         rank R's iterator positions and skipped records, Python and NumPy RNG states, the epoch's loss
   rank<R>.<split>.dali rank R's DALI pipeline states (Pipeline.checkpoint(): reader position, shuffle buffer and the
                        random operators' generators)
+Every array is saved from the host, so a restore allocates only on each rank's own device.
 Weights and optimizer states are the same on every rank after each step (the gradients are allreduced): rank 0's stand
 for all. MXNet's own generator (mx.random) has no state to save in 1.9.1; nothing draws from it after the model's
 initialisation, which the resumed run repeats with the same seed (a test checks both).
@@ -26,7 +27,7 @@ so that no step waits for it; all ranks see the same sum at the same step, write
 Without a folder nothing changes: the default actions end a rank at once (dist.py says why).
 
 The parts: disk.py (durable writes, the checks of meta.json), settings.py (which settings must match), folder.py (the
-lock, the choice, writing and reading), stops.py (the signals and the agreed step), model_file.py (--save-model).
+lock, the choice, writing and reading), trainer_file.py (the optimizer's state), stops.py (the signals and the agreed step), model_file.py (--save-model).
 """
 from ..errors import InputError
 from .disk import first_line, read_meta

@@ -4,6 +4,7 @@ import json
 import os
 
 from .. import files
+from .trainer_file import COUNTS, STATES
 
 META = "meta.json"
 
@@ -40,7 +41,7 @@ def problem(folder):
         return f"no {META}: its writer stopped before the end"
     except (OSError, ValueError, KeyError, TypeError) as err:
         return f"{META} unreadable ({err})"
-    wanted = {"params", "trainer"} | {f"rank{r}.json" for r in range(meta.get("world", 0))}
+    wanted = {"params", STATES, COUNTS} | {f"rank{r}.json" for r in range(meta.get("world", 0))}
     missing = sorted(wanted - set(listed))
     if missing:
         return f"{META} lists no {missing[0]}"

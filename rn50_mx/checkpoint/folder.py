@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import config, dist, files
 from ..errors import InputError
+from . import trainer_file
 from .disk import META, first_line, fsync_path, problem, read_meta, summary, write_bytes
 from .settings import FREE, differences
 
@@ -74,9 +75,10 @@ class Checkpoints:
         net, trainer, iters, _, _ = self.parts
         folder, rank = self.resume, self.d.rank
         params, aux = mx.nd.load(os.path.join(folder, "params")), mx.nd.load(os.path.join(folder, f"rank{rank}.aux"))
+        # saved from the host (write_rank_files): loading allocates nothing on a device; set_data copies onto ours
         for name, p in net.collect_params().items():
             p.set_data(aux.get(name, params[name]))
-        trainer.load_states(os.path.join(folder, "trainer"))
+        trainer_file.restore(trainer, folder)
         with open(os.path.join(folder, f"rank{rank}.json")) as f:
             state = json.load(f)
         for split, it in iters.items():
@@ -121,12 +123,16 @@ class Checkpoints:
         return (error or "on another rank") if failed else None
 
     def write_rank_files(self, tmp, pos, net, trainer, iters):
+        """This rank's files. Arrays are saved as host copies: mx.nd.load puts an array back on the device it was
+        saved from, so a device array would make every rank's restore allocate (and open a CUDA context) on GPU 0,
+        and fail where a task sees one GPU."""
         rank = self.d.rank
-        params = {name: p.data() for name, p in net.collect_params().items()}
+        params = {name: p.data().as_in_context(dist.HOST) for name, p in net.collect_params().items()}
         if rank == 0:
             mx.nd.save(os.path.join(tmp, "params"), params)
-            trainer.save_states(os.path.join(tmp, "trainer"))
-        aux = {name: p.data() for name, p in net.collect_params().items() if p.grad_req == "null"}
+            trainer_file.save(trainer, tmp)
+        aux = {name: p.data().as_in_context(dist.HOST) for name, p in net.collect_params().items()
+               if p.grad_req == "null"}
         mx.nd.save(os.path.join(tmp, f"rank{rank}.aux"), aux)
         states = {}
         for split, it in iters.items():
@@ -137,7 +143,7 @@ class Checkpoints:
         state = {"position": dataclasses.asdict(pos), "iters": states, "python_random": random.getstate(),
                  "numpy_random": [np_state[0], np_state[1].tolist(), *np_state[2:]]}
         write_bytes(os.path.join(tmp, f"rank{rank}.json"), json.dumps(state).encode())
-        for name in ("params", "trainer", f"rank{rank}.aux"):
+        for name in ("params", trainer_file.STATES, trainer_file.COUNTS, f"rank{rank}.aux"):
             if os.path.exists(os.path.join(tmp, name)):
                 fsync_path(os.path.join(tmp, name))
 
