@@ -65,18 +65,15 @@ def folder_sizes(folder):
 def write_times(args):
     """Part 1: (median seconds, {file: bytes}) of a demo checkpoint."""
     import mxnet as mx
-    from rn50_mx import checkpoint, data, dist, model, optim, train
+    from rn50_mx import checkpoint, data, dist, train
 
     tmp = tempfile.mkdtemp(prefix="rn50_mx_bench_ckpt_")
     try:
         s, _ = demo_settings(args, "--checkpoint-dir", tmp)
         d, ctx = dist.Single(), mx.cpu()
-        net = model.build_model(s, ctx)
-        net.hybridize(static_alloc=True, static_shape=True)
         steps = data.steps_per_epoch(s, 1)
-        trainer = optim.make_trainer(net, s, steps)
+        net, loss_fn, trainer = train.parts(s, ctx, steps, d.trainer)
         train_it, val_it = data.make_iters(s, 0, 1, 1, ctx)
-        loss_fn = optim.make_loss(s)
         for _ in range(2):
             train.train_step(net, loss_fn, trainer, train_it.next())
         saver = checkpoint.Checkpoints(s, d)

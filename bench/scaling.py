@@ -63,16 +63,14 @@ def settings(args, procs, train_flags):
 def worker(args, train_flags):
     """One process of one process count: time the steps, and print rank 0's figures as one JSON line."""
     import mxnet as mx
-    from rn50_mx import data, dist, model, optim, train
+    from rn50_mx import data, dist, train
 
     s = settings(args, int(args.procs), train_flags)  # a worker's --procs is its own process count
     d = dist.init(s)
     _, seed = train.rank_seed(s, d)
     ctx = dist.context(s, d.local_rank)
-    net = model.build_model(s, ctx)
+    net, loss_fn, trainer = train.parts(s, ctx, data.steps_per_epoch(s, d.size), d.trainer)  # hybridized: as trained
     d.broadcast_params(net.collect_params())
-    trainer = optim.make_trainer(net, s, data.steps_per_epoch(s, d.size), d.trainer)
-    loss_fn = optim.make_loss(s)
     train_it, _ = data.make_iters(s, d.rank, d.size, seed, ctx)
     batch = next(iter(train_it))
     x, y = batch.data[0], batch.label[0]

@@ -83,14 +83,11 @@ def compare(runs, batch_size, rounds, steps, drain=DRAIN, on_round=None):
 
 
 def train_step(s, ctx, hybridize=True):
-    """train.train_step bound to a fresh network, loss and one-process trainer of `s` on `ctx`, hybridized as
-    train.py does (the network, static_alloc and static_shape) unless `hybridize` is False."""
-    from . import data, dist, model, optim, train
+    """train.train_step bound to a fresh network, loss and one-process trainer of `s` on `ctx` (train.parts),
+    hybridized unless `hybridize` is False."""
+    from . import data, dist, train
 
-    net, loss_fn = model.build_model(s, ctx), optim.make_loss(s)
-    if hybridize:
-        net.hybridize(static_alloc=True, static_shape=True)
-    trainer = optim.make_trainer(net, s, data.steps_per_epoch(s, 1), dist.Single().trainer)
+    net, loss_fn, trainer = train.parts(s, ctx, data.steps_per_epoch(s, 1), dist.Single().trainer, hybridize)
     return functools.partial(train.train_step, net, loss_fn, trainer)
 
 

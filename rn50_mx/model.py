@@ -53,8 +53,9 @@ class Layout:
     order: (out, in, kh, kw) for NCHW, (out, kh, kw, in) for NHWC. `fused`: BN -> ReLU and BN -> add -> ReLU
     run as the fused kernels (see fused_batchnorm_available). `normconv_batch` > 0: the bottlenecks run as the
     NormConv fusions, whose BatchNorm statistics count this many images per step: a fixed number, as in the
-    reference's symbol, which bakes its batch size in. `ops`: the namespace those fusions are called through; None
-    is the block's F (MXNet's own operators), a test passes another build's.
+    reference's symbol, which bakes its batch size in; the block takes them while traced (hybridized), the unfused
+    layers when run imperatively. `ops`: the namespace those fusions are called through; None is the block's F
+    (MXNet's own operators), a test passes another build's.
     """
     name: str = "NCHW"
     bn_eps: float = 1e-5
@@ -146,7 +147,10 @@ class Bottleneck(gluon.HybridBlock):
             self.bnsc = layout.batchnorm(out_channels, "bnsc_") if projection else None
 
     def hybrid_forward(self, F, x):
-        if self.batch:
+        # The fused path only while tracing: NVIDIA's NormConvolution registers no `weight` argument for NDArrays
+        # (it is among its FListInputNames only, which a traced symbol composes by), so an imperative call fails;
+        # run imperatively, the unit takes the unfused path, which has the same parameters and the same math.
+        if self.batch and F is mx.sym:
             return self.normconv_forward(F, self.ops or F, x)
         shortcut = self.bnsc(self.conv1sc(x)) if self.conv1sc is not None else x
         y = self.bn1(self.conv1(x))

@@ -217,17 +217,25 @@ def run(s):
             return train_on(s, d, ctx, base_seed, seed, saver)
 
 
+def parts(s, ctx, steps, new_trainer, hybridize=True):
+    """(network, loss, trainer) as training runs them: the network built on `ctx` and hybridized (static_alloc and
+    static_shape; NVIDIA's fused NormConv operators run only in the traced graph), the smoothed loss, the optimizer
+    on the schedule of `steps` per epoch. The benches, the self-test and the tests build theirs here too; an
+    imperative network (hybridize=False) is for bench/train_step.py's comparison only."""
+    net = model.build_model(s, ctx)
+    if hybridize:
+        net.hybridize(static_alloc=True, static_shape=True)  # runs nothing before the first forward
+    return net, optim.make_loss(s), optim.make_trainer(net, s, steps, new_trainer)
+
+
 def train_on(s, d, ctx, base_seed, seed, saver):
     """Build, warm up, run_start, train and evaluate on `ctx`; returns the run_stop status."""
-    net = model.build_model(s, ctx)
+    steps = data.steps_per_epoch(s, d.size)  # the ImageNet configs' NUMEXAMPLES: no data file read
+    net, loss_fn, trainer = parts(s, ctx, steps, d.trainer)
     for name, param in net.collect_params().items():  # the 161 tensors rulesets 1.1-2.1 require by name
         if param.grad_req != "null":
             log.event(K.WEIGHTS_INITIALIZATION, metadata={"tensor": name})
     d.broadcast_params(net.collect_params())
-    net.hybridize(static_alloc=True, static_shape=True)
-    loss_fn = optim.make_loss(s)
-    steps = data.steps_per_epoch(s, d.size)  # the ImageNet configs' NUMEXAMPLES: no data file read
-    trainer = optim.make_trainer(net, s, steps, d.trainer)
     iters = data.build_iters(s, d.rank, d.size, seed, ctx)  # set-up: the pipelines, their readers not yet opened
     warm_up(net, loss_fn, trainer, s, ctx)
     log.hyperparameters(s, s.batch_size * d.size)

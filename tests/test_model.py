@@ -234,11 +234,50 @@ class ScaleBiasAddReluFn(autograd.Function):
         return tuple(grads)
 
 
+# The inputs each fused operator takes by name in a traced symbol (its FListInputNames, per mode), and those its
+# NDArray function declares (add_argument: an NDArray keyword outside them is refused, "Cannot find argument"), in
+# NVIDIA's MXNet fork (sneaxiy/NVIDIA-MxNet src/operator/nn/norm_convolution.cc, normalized_convolution.cc,
+# bn_stats_finalize.cc, scale_bias_add_relu.cc).
+SYMBOL_INPUTS = {
+    ("NormConvolution", "no_norm"): {"data", "weight"},
+    ("NormalizedConvolution", "no_equiv_scale_bias"): {"data", "weight"},
+    ("BNStatsFinalize", ""): {"sum", "sum_squares", "gamma", "beta", "moving_mean", "moving_var"},
+    ("ScaleBiasAddRelu", ""): {"dataX", "x_equiv_scale", "x_equiv_bias", "x_gamma", "x_beta", "x_mean", "x_invvar"},
+    ("ScaleBiasAddRelu", "fused_add"): {"dataX", "dataZ", "x_equiv_scale", "x_equiv_bias", "x_gamma", "x_beta",
+                                        "x_mean", "x_invvar"},
+    ("ScaleBiasAddRelu", "dual_scale_bias fused_add"): {
+        "dataX", "dataZ", "x_equiv_scale", "x_equiv_bias", "z_equiv_scale", "z_equiv_bias", "x_gamma", "x_beta",
+        "x_mean", "x_invvar", "z_gamma", "z_beta", "z_mean", "z_invvar"},
+}
+NDARRAY_ARGUMENTS = {"NormConvolution": {"data", "sum", "sum_squares", "gamma", "beta", "moving_mean", "moving_var"}}
+
+
+def op_mode(op, kwargs):
+    """The key of SYMBOL_INPUTS for a call: the op and the mode flags it sets."""
+    flags = ("no_norm", "no_equiv_scale_bias", "dual_scale_bias", "fused_add")
+    return op, " ".join(f for f in flags if kwargs.get(f))
+
+
+class NdarrayConvention:
+    """The fused operators called as NDArray functions, as MXNet's generated ndarray functions take keywords
+    (mxnet/ndarray/register.py): an NDArray keyword the op does not declare is refused."""
+
+    def __getattr__(self, op):
+        def call(**kwargs):
+            declared = NDARRAY_ARGUMENTS.get(op, SYMBOL_INPUTS[op_mode(op, kwargs)])
+            for name, value in kwargs.items():
+                if isinstance(value, nd.NDArray) and name not in declared:
+                    raise mx.MXNetError(f"Cannot find argument '{name}' of {op}")
+            return getattr(NormConvOps, op)(**kwargs)
+        return call
+
+
 class NormConvOps:
     """NVIDIA's NormConv operators as we read their definitions (NVIDIA's MXNet fork, src/operator/nn/:
     norm_convolution.cc, normalized_convolution.cc, bn_stats_finalize.cc, scale_bias_add_relu.cc and their cuDNN
-    classes), from stock operators, on CPU, imperative only: what another build's registry would answer. It checks
-    the network's wiring against that reading, not NVIDIA's kernels."""
+    classes), from stock operators, on CPU, imperative: what another build's registry would compute for a traced
+    graph, its inputs passed by their symbol names. It checks the network's wiring against that reading (through
+    Bottleneck.normconv_forward), not NVIDIA's kernels."""
 
     @staticmethod
     def _conv_stats(data, weight, act_type, kernel, stride, pad, num_filter, layout):
@@ -304,6 +343,13 @@ def two_units(layout, batch_hw):
     return stage
 
 
+def fused_forward(stage, x):
+    """The units' NormConv wiring, run imperatively on the stand-ins (what the traced graph computes)."""
+    for unit in stage:
+        x = unit.normconv_forward(nd, NormConvOps, x)
+    return x
+
+
 def test_normconv_units_equal_plain_units_on_the_same_weights():
     """The NormConv wiring (NHWC, through NormConvOps) against conv -> BN -> ReLU (NCHW, stock MXNet): outputs,
     every gradient, and the running statistics after a training step; then inference on those statistics."""
@@ -322,12 +368,14 @@ def test_normconv_units_equal_plain_units_on_the_same_weights():
     x = nd.array(rng.uniform(-1, 1, (n, 32, h, w)))
     head = nd.array(rng.uniform(-1, 1, (n, 64, 5, 5)))
     results = []
-    for net, to_net, from_net in ((plain, lambda a: a, lambda a: a),
-                                  (fused, lambda a: a.transpose((0, 2, 3, 1)), lambda a: a.transpose((0, 3, 1, 2)))):
+    for net, run, to_net, from_net in (
+            (plain, plain, lambda a: a, lambda a: a),
+            (fused, lambda a: fused_forward(fused, a), lambda a: a.transpose((0, 2, 3, 1)),
+             lambda a: a.transpose((0, 3, 1, 2)))):
         data = to_net(x)
         data.attach_grad()
         with autograd.record():
-            out = net(data)
+            out = run(data)
             loss = (from_net(out) * head).sum()
         loss.backward()
         params = net.collect_params()
@@ -335,7 +383,7 @@ def test_normconv_units_equal_plain_units_on_the_same_weights():
                  for k, p in params.items() if p.grad_req != "null"}
         stats = {k: p.data().copy() for k, p in params.items() if p.grad_req == "null"}
         results.append(dict(out=from_net(out), dx=from_net(data.grad), grads=grads, stats=stats,
-                            infer=from_net(net(data))))
+                            infer=from_net(run(data))))
     plain_r, fused_r = results
     close = dict(rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(fused_r["out"].asnumpy(), plain_r["out"].asnumpy(), **close)
@@ -348,6 +396,21 @@ def test_normconv_units_equal_plain_units_on_the_same_weights():
     for name, value in plain_r["stats"].items():
         np.testing.assert_allclose(fused_r["stats"][name].asnumpy(), value.asnumpy(), err_msg=name, **close)
     np.testing.assert_allclose(fused_r["infer"].asnumpy(), plain_r["infer"].asnumpy(), **close)
+
+
+def test_an_imperative_normconv_unit_runs_the_unfused_layers():
+    """GPU review 3, F3: the fused operators cannot run as NDArray functions (NormConvolution declares no `weight`),
+    so a NormConv network run without hybridizing (bench/scaling.py did) must take the unfused layers: the same
+    output as plain units on the same weights. The old units called the fused ops and were refused. (NCHW: this
+    MXNet runs no NHWC convolution on the CPU; which path an imperative call takes does not depend on the layout.)"""
+    n, h, w = 4, 9, 9
+    plain = two_units(model.Layout("NCHW"), (n, h, w))
+    fused = two_units(model.Layout("NCHW", normconv_batch=n, ops=NdarrayConvention()), (n, h, w))
+    for p, q in zip(plain.collect_params().values(), fused.collect_params().values()):
+        q.set_data(p.data())
+    x = nd.array(np.random.RandomState(1).uniform(-1, 1, (n, 32, h, w)))
+    with autograd.train_mode():
+        np.testing.assert_array_equal(fused(x).asnumpy(), plain(x).asnumpy())
 
 
 def test_normconv_is_chosen_by_the_registry_for_nhwc_float16_only(monkeypatch):
@@ -376,12 +439,16 @@ def test_normconv_is_chosen_by_the_registry_for_nhwc_float16_only(monkeypatch):
 
 
 class TraceOps:
-    """Stands in for the fused operators while the network is traced as a symbol: each output depends on every
-    input it was given, so the traced graph's inputs show which variables the fused path hands them."""
+    """Stands in for the fused operators while the network is traced as a symbol: each call must hand the op exactly
+    its inputs by the names the fork lists for that mode (SYMBOL_INPUTS: a misspelt one would become a new,
+    uninitialised variable on the GPU), and each output depends on every input it was given, so the traced graph's
+    inputs show which variables the fused path hands them."""
     OUTPUTS = {"NormConvolution": 3, "NormalizedConvolution": 3, "BNStatsFinalize": 6, "ScaleBiasAddRelu": 2}
 
     def __getattr__(self, op):
         def call(**kwargs):
+            names = {k for k, v in kwargs.items() if isinstance(v, mx.sym.Symbol)}
+            assert names == SYMBOL_INPUTS[op_mode(op, kwargs)], (op, sorted(names))
             used = [mx.sym.sum(v) for v in kwargs.values() if isinstance(v, mx.sym.Symbol)]
             return [mx.sym.add_n(*used)] * self.OUTPUTS[op]
         return call
