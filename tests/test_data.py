@@ -412,3 +412,25 @@ def test_input_memory_is_the_queue_and_the_ring_per_iterator():
     s = Settings(batch_size=408, image_shape="4,224,224", dtype="float16", dali_prefetch_queue=15)
     assert data.input_memory(s) == 2 * (15 + data.RING) * 408 * (401408 + 4)
     assert data.input_memory(s, val=False) == data.input_memory(s) // 2
+
+
+def test_records_with_several_labels_are_refused_in_one_line(small_rec, tmp_path):
+    """GPU review 3, F5: a .rec whose records carry two labels each (IRHeader flag 2, im2rec --pack-label) gives
+    DALI labels of shape (2,), twice the label buffer the GPU hand-over copies into without a size check: refused on
+    either device, naming the record, before any copy."""
+    prefix = rewrite_rec(small_rec, str(tmp_path / "two_labels"),
+                         lambda key, header, image: (mx.recordio.IRHeader(2, [header.label, 0.0], key, 0), image))
+    train, _ = data.make_iters(settings_for(prefix, data_val=""), 0, 1, 1, mx.cpu())
+    with pytest.raises(InputError, match=r"two_labels\.rec: record \d+ carries 2 labels; training takes one"):
+        train.next()
+
+
+def test_the_hand_over_refuses_a_buffer_its_batch_does_not_fill(small_rec):
+    """copy_to_external writes a DALI output's bytes to a raw pointer: each output's size and dtype are compared with
+    the buffer it goes to, once per iterator (a batch larger than its buffer would be written past it)."""
+    s = settings_for(small_rec)
+    train, _ = data.make_iters(s, 0, 1, 1, mx.cpu())
+    train.handover = data.Handover(s.replace(image_shape="3,64,64"), mx.cpu(), copy=True)
+    with pytest.raises(InputError, match=r"DALI's images \(4 samples of \(3, 32, 32\), float32\) do not fit the "
+                                         r"\(4, 3, 64, 64\) float32 buffer"):
+        train.next()

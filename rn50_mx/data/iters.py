@@ -8,6 +8,7 @@ import time
 import mxnet as mx
 from mxnet.base import _LIB, check_call
 import numpy as np
+from nvidia.dali import types
 
 from ..errors import InputError
 from .pipeline import READER, build_pipeline, sticks_to_shard
@@ -65,6 +66,8 @@ class Handover:
         if not self.copy:
             return share(images).as_in_context(self.ctx), share(labels).reshape((-1,)).as_in_context(self.ctx)
         buffers = self.ring[self.count % RING]
+        if self.count == 0:
+            fits((images, labels), buffers)
         self.count += 1
         tic = time.perf_counter()
         for array in buffers:
@@ -75,6 +78,18 @@ class Handover:
             output.copy_to_external(data_pointer(array))
         self.wait_seconds += time.perf_counter() - toc
         return buffers
+
+
+def fits(outputs, buffers):
+    """Each DALI output has its buffer's size and dtype (checked on host metadata, once per iterator): copy_to_external
+    writes the output's bytes to a raw pointer, knowing nothing of the buffer behind it (DALI's own MXNet plugin
+    asserted the shapes before the same copy)."""
+    for name, output, array in zip(("images", "labels"), outputs, buffers):
+        shapes, dtype = output.shape(), np.dtype(types.to_numpy_type(output.dtype))
+        size = sum(int(np.prod(shape)) for shape in shapes)
+        if size != array.size or dtype != array.dtype:
+            raise InputError(f"DALI's {name} ({len(shapes)} samples of {shapes[0] if shapes else '?'}, {dtype}) do "
+                             f"not fit the {array.shape} {np.dtype(array.dtype)} buffer they are copied into")
 
 
 def share(tensor_list):
@@ -232,7 +247,9 @@ class DaliIter(BatchIter):
                 if not self.skip:
                     raise
                 self.skip_record(bad)
-        check_labels(np.asarray(host_labels.as_tensor()).reshape(-1), sources, self.num_classes, self.rec, self.index)
+        shapes = host_labels.shape()
+        check_labels(shapes, np.asarray(host_labels.as_tensor()).reshape(-1), sources, self.num_classes, self.rec,
+                     self.index)
         self.wait_seconds += time.perf_counter() - tic
         before = self.handover.wait_seconds
         arrays = self.handover.arrays(images, labels)

@@ -141,8 +141,15 @@ def data_errors(rec, idx):
         raise problem from None
 
 
-def check_labels(labels, sources, num_classes, rec, idx):
-    """Labels must be class numbers below num_classes; otherwise name the first bad record (via its source)."""
+def check_labels(shapes, labels, sources, num_classes, rec, idx):
+    """Each record carries one label (`shapes`: DALI's per-sample label shapes; a .rec packed with several labels
+    per image, im2rec --pack-label, would make the batch's labels wider than the buffer they are copied into), a
+    class number below num_classes; otherwise name the first bad record (via its source)."""
+    wide = next((i for i, shape in enumerate(shapes) if math.prod(shape) != 1), None)
+    if wide is not None:
+        offset = int(np.asarray(sources[wide]).tobytes().decode().rsplit(" at index ", 1)[1])
+        raise InputError(f"{rec}: record {record_at(idx, offset)} carries {math.prod(shapes[wide])} labels; training "
+                         "takes one class label per image (pack the images again: python -m rn50_mx.prep_rec pack)")
     bad = (labels < 0) | (labels >= num_classes) | (labels != np.floor(labels))
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
