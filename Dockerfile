@@ -20,9 +20,9 @@ COPY rn50_mx/ rn50_mx/
 # --no-deps keeps the image's MXNet, Horovod and numpy (constraints.txt's 1.23.5 when a dependency asks for
 # numpy: MXNet 1.9.1 needs numpy < 1.24). The packages added, rn50_mx's own dependencies and DALI, and all they
 # pull in, take their versions from constraints.txt, the one pin file, and come from PyPI. DALI is replaced:
-# rn50_mx hands DALI's batches to MXNet without a copy, which needs the dynamic executor (DALI >= 1.44; the
-# image's own, 1.37.1 in 24.05, recycles output buffers while MXNet may still read them) and reads GPU image
-# shapes on the CPU. 2.4.0 is the CPU stack's DALI too.
+# rn50_mx hands DALI's batches to MXNet without a copy on the CPU and with one copy into its own buffers on
+# the GPU, which needs the dynamic executor (DALI >= 1.44; the image's own, 1.37.1 in 24.05, recycles output
+# buffers while MXNet may still read them) and reads GPU image shapes on the CPU. 2.4.0 is the CPU stack's DALI too.
 RUN python -c "import sys; v = '%d.%d' % sys.version_info[:2]; sys.exit(None if v == '${IMAGE_PYTHON}' else \
       'this base has Python ' + v + ', the pins in constraints.txt are for ${IMAGE_PYTHON}: resolve them for it')" \
  && pip install --no-cache-dir --no-deps . \

@@ -45,7 +45,9 @@ export MXNET_CUDNN_NHWC_BN_HEURISTIC_FWD=1
 export MXNET_CUDNN_NHWC_BN_HEURISTIC_BWD=1
 export MXNET_CUDNN_NHWC_BN_ADD_HEURISTIC_FWD=0  # the reference's common file said 1, every config 0
 export MXNET_CUDNN_NHWC_BN_ADD_HEURISTIC_BWD=0
-# MXNET_EXTENDED_NORMCONV_SUPPORT=1: dropped. It enables NGC MXNet's NormConvolution op, which rn50_mx does not use.
+# The reference's and NVIDIA's v4.0 24.04 configs set it; in NVIDIA's public MXNet fork it widens NormConvolution's
+# cuDNN support below cuDNN 8.0.4 (cudnn_norm_convolution-inl.h), inert after that: kept as they run it.
+export MXNET_EXTENDED_NORMCONV_SUPPORT=1
 
 ## MPI and NCCL
 export OMPI_MCA_btl="^openib"  # no openib BTL (the reference: avoids a Horovod/NCCL deadlock at 96 nodes)

@@ -15,6 +15,7 @@ import collections
 import numpy as np
 
 GIB = 1 << 30
+CLOSE = 0.85  # share of the GPU's memory above which what is not counted (above: GiBs on a large GPU) may not fit
 
 Need = collections.namedtuple("Need", "input weights activations")
 
@@ -67,4 +68,9 @@ def words(n, memory=None, gpu=""):
     if memory is None:
         return line
     line += f" of the {gpu or 'GPU'}'s {memory / GIB:.1f} GiB"
-    return line + (": does not fit, lower the batch" if total > memory else f": {total / memory:.0%} of it")
+    if total > memory:
+        return line + ": does not fit, lower the batch"
+    if total > CLOSE * memory:
+        return line + (f": {total / memory:.0%} of it, close to the limit: the CUDA context, cuDNN's workspace, NCCL's "
+                       "and DALI's buffers are not counted (lower the batch if it runs out of memory)")
+    return line + f": {total / memory:.0%} of it"

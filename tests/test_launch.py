@@ -654,3 +654,11 @@ def test_the_readmes_gpu_path_runs_in_the_image_and_leaves_the_configs_on_the_ho
     assert "COPY rn50_mx/ rn50_mx/" in dockerfile.split(f"WORKDIR {workdir}")[1]
     assert f"-v $PWD/config:{workdir}/config " in re.search(r'^RUN="docker run [^"]+"$', readme, re.M).group(0)
     assert tune.parse_args([])[0].out == os.path.join(tune.ROOT, "config") and tune.ROOT == ROOT
+
+
+@pytest.mark.parametrize("system", sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "config", "*.sh"))
+                                          if not p.endswith(("CPU.sh", "_common.sh"))))
+def test_gpu_configs_export_the_normconv_support_the_reference_exports(system):
+    """GPU review 3, F4: the reference (config_NF5688M6_common.sh) and NVIDIA's v4.0 24.04 configs export
+    MXNET_EXTENDED_NORMCONV_SUPPORT=1, and rn50_mx runs NormConv where MXNet has it."""
+    assert sourced(system, 'echo "$MXNET_EXTENDED_NORMCONV_SUPPORT"').stdout.strip() == "1"

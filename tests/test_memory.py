@@ -67,3 +67,13 @@ def test_the_nf5688m6_figure_the_docs_give():
                                  "print(memory.words(memory.need(config.load([]))))'")
     assert result.stdout.strip() == "34.0 GiB per process: input 5.19, weights, gradients and optimizer states 0.29, " \
                                     "activations 28.5 (estimate)", result.stderr
+
+
+def test_a_need_close_to_the_gpu_s_memory_says_what_is_not_counted():
+    """GPU review 3, F6: the estimate leaves out the CUDA context, cuDNN's workspace (1 GiB by default per
+    convolution), NCCL's and DALI's buffers, so a need at 95% of the GPU is no comfortable fit."""
+    need = memory.Need(0, 0, 76 << 30)
+    assert memory.words(need, 80 << 30, "A100-80GB").endswith(
+        "95% of it, close to the limit: the CUDA context, cuDNN's workspace, NCCL's and DALI's buffers are not counted "
+        "(lower the batch if it runs out of memory)")
+    assert memory.words(memory.Need(0, 0, 60 << 30), 80 << 30).endswith(": 75% of it")

@@ -24,7 +24,10 @@ def model_output(s, d):
 
 
 def save_model(net, path):
-    """PATH-symbol.json and PATH-0000.params (HybridBlock.export), each written under a temporary name first."""
+    """PATH-symbol.json and PATH-0000.params (HybridBlock.export), each written under a temporary name first. A
+    network run with NormConv exports NVIDIA's fused operators (NormConvolution, BNStatsFinalize,
+    ScaleBiasAddRelu, with the training batch in elem_count): only NVIDIA's MXNet loads that symbol; the
+    parameters, the same as the plain network's, load anywhere (evaluate --checkpoint-dir)."""
     tmp = files.temp_name(path)
     try:
         net.export(tmp)

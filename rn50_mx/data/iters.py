@@ -43,12 +43,15 @@ class Handover:
 
     GPU (copy=True): a copy into one of RING persistent MXNet buffers, as DALI's MXNet plugin did. The buffer is
     reused only after MXNDArrayWaitToWrite (MXNet's readers of it are done: the batch RING steps back, which the
-    engine has finished unless the host runs that far ahead). copy_to_external(ptr) without a stream copies on
-    a DALI stream of the tensor's own device, after DALI's work on the batch, and waits on the host for the copy
-    (DALI dali/python/backend_impl.cc, CopyToExternalImplGPU: CUDAStreamPool::Get(src.device_id()), then
-    AccessOrder::host().wait(copy_order)). So the batch is complete before MXNet is given it, on any stream,
-    whatever the calling thread's current device; and no MXNet array ever points into DALI's memory, which
-    NGC's asynchronous engine would hand back while kernels still read it.
+    engine has finished unless the host runs that far ahead). The batch is complete when pipe.run() returns: run()
+    without a cuda_stream is host-synchronous (DALI 2.4.0 pipeline.py: "If skipped, the results are
+    host-synchronous"); copy_to_external's own ordering only makes DALI wait for the copy before it reuses the
+    source. copy_to_external(ptr) without a stream copies on a DALI stream of the tensor's own device and waits
+    on the host for the copy (dali/python/backend_impl.cc, CopyToExternalImplGPU: CUDAStreamPool::Get
+    (src.device_id()), then AccessOrder::host().wait(copy_order)). So the batch is in the buffer before MXNet is
+    given it, whatever the calling thread's current device; and no MXNet array ever points into DALI's memory,
+    which NGC's asynchronous engine would hand back while kernels still read it. Passing a stream to run() to
+    overlap work would need the copy ordered on it too.
 
     wait_seconds: time spent waiting for DALI (its run and the copy); engine_seconds: waiting for MXNet's
     readers of a buffer, which is the engine's time, not the input's.

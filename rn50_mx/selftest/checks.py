@@ -64,8 +64,18 @@ def layout_precision(s, ctx, net, batch):
     x, y = batch.data[0], batch.label[0]
     x_ref = x.astype("float32").transpose((0, 3, 1, 2)) if s.input_layout == "NHWC" else x.astype("float32")
     loss_fn = optim.make_loss(s)
+    try:
+        with mx.autograd.train_mode():
+            loss = float(loss_fn(net(x), y).mean().asscalar())
+    except mx.base.MXNetError as err:  # NVIDIA's fused kernels end in LOG(FATAL) "No fallback impl" where unsupported
+        fused = ("NormConv" if any(unit.batch for stage in net.stages for unit in stage) else
+                 "fused BatchNorm" if net.bn0.fused else "")
+        if not fused:
+            raise
+        raise CheckFailed(f"the {fused} kernels failed on this GPU ({str(err).strip().splitlines()[0]}); train with "
+                          + ("RN50_NORMCONV=0" if fused == "NormConv" else "RN50_FUSED_BN=0")) from None
     with mx.autograd.train_mode():
-        loss, expected = (float(loss_fn(n(v), y).mean().asscalar()) for n, v in ((net, x), (ref, x_ref)))
+        expected = float(loss_fn(ref(x_ref), y).mean().asscalar())
     gap = abs(loss - expected) / abs(expected)
     detail = f"loss {loss:.5f} ({s.input_layout} {s.dtype}) vs {expected:.5f} (NCHW float32): {gap:.2%} apart"
     if not gap <= LOSS_RTOL[s.dtype]:

@@ -35,7 +35,7 @@ def stack_rows(expect_gpu):
         Row("rn50_mx", *package_imports()),
         Row("mxnet", need(all(gpu_features.values())), f"{mx.__version__}; " + onoff(
             {**gpu_features, "MKLDNN": features.is_enabled("MKLDNN"),
-             "fused BatchNorm": model.fused_batchnorm_available()})),
+             "fused BatchNorm": model.fused_batchnorm_available(), "NormConv": model.normconv_available()})),
         Row("dali", need(dali >= MIN_DALI and dynamic), f"{dali_version}; dynamic executor "
             f"{'yes' if dynamic else 'no (need DALI >= 1.44)'}"),
         Row("horovod", need(hvd.get("NCCL", False)), hvd.pop("version", "not installed") + "; " + onoff(hvd)),
