@@ -26,7 +26,7 @@ COPY rn50_mx/ rn50_mx/
 RUN python -c "import sys; v = '%d.%d' % sys.version_info[:2]; sys.exit(None if v == '${IMAGE_PYTHON}' else \
       'this base has Python ' + v + ', the pins in constraints.txt are for ${IMAGE_PYTHON}: resolve them for it')" \
  && pip install --no-cache-dir --no-deps . \
- && grep -iE "^(mlperf-logging|tqdm|pillow|scipy|nvidia-dali-cuda120)==" constraints.txt > /tmp/image-pins.txt \
+ && grep -iE "^(mlperf-logging|tqdm|pillow|scipy|optuna|matplotlib|nvidia-dali-cuda120)==" constraints.txt > /tmp/image-pins.txt \
  && pip install --no-cache-dir -c constraints.txt -r /tmp/image-pins.txt
 COPY run_and_time.sh ./
 COPY config/ config/

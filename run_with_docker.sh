@@ -7,8 +7,9 @@
 # DATADIR mounted at /data and LOGDIR at /results. Without CONT it runs on this machine, DATADIR as it is, with
 # `python` and `horovodrun` from PATH: the CPU path of `make demo` and CI.
 #
-# DGXSYSTEM  set by the config; config/<DGXSYSTEM>_tuned.sh (python -m rn50_mx.tune) is sourced after it when
-#            there is one (trials.sh's source_tuned: an export after the config still wins). The container gets,
+# DGXSYSTEM  set by the config; config/<DGXSYSTEM>_tuned.sh (python -m rn50_mx.tune), then _hparams.sh (python -m
+#            rn50_mx.search), are sourced after it when there (trials.sh's source_fragments: an export after the
+#            config still wins). The container gets,
 #            with the values they have here (so an export after sourcing the config is an override), the
 #            variables config/<DGXSYSTEM>.sh exports and any other set here that rn50_mx reads (`python -m
 #            rn50_mx.check --env-names` in the image: its names, DALI_*, RN50_*).
@@ -31,7 +32,7 @@ source "${HERE}/trials.sh"
 : "${DGXSYSTEM:?source a config/<SYSTEM>.sh first}"
 CONFIG="${HERE}/config/${DGXSYSTEM}.sh"
 [[ -f "$CONFIG" ]] || die "DGXSYSTEM=${DGXSYSTEM}: no ${CONFIG}"
-source_tuned "$CONFIG"
+source_fragments "$CONFIG"
 trial_settings "$PWD/results"
 # readlink -f needs the folder, and docker -v would create a missing one (owned by root).
 [[ -d "$DATADIR" ]] || die "DATADIR=${DATADIR}: no such folder"

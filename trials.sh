@@ -54,27 +54,41 @@ stopped_resumable() {
     fi
 }
 
-# Sources $1's fragment config/<SYSTEM>_tuned.sh (`python -m rn50_mx.tune` writes it) when there is one, as if it
-# came right after the config: a variable exported after sourcing the config (its value is not the config's) keeps
-# that value, and a line says which values the fragment gave.
-source_tuned() {
-    local config=$1 tuned=${1%.sh}_tuned.sh name line given=()
-    [[ -f "$tuned" ]] || return 0
-    local -A as_config=() as_tuned=()
-    # shellcheck disable=SC2016  # expanded by the inner bash
-    while IFS= read -r -d '' line; do as_config[${line%%=*}]=${line#*=}; done \
-        < <(env -i bash -c 'source "$1" && env -0' _ "$config")
-    # shellcheck disable=SC2016
-    while IFS= read -r -d '' line; do as_tuned[${line%%=*}]=${line#*=}; done \
-        < <(env -i bash -c 'source "$1" && source "$2" && env -0' _ "$config" "$tuned")
-    for name in "${!as_tuned[@]}"; do
-        if [[ "${as_tuned[$name]}" != "${as_config[$name]-}" && "${!name-}" == "${as_config[$name]-}" ]]; then
-            export "${name}=${as_tuned[$name]}"
-            given+=("${name}=${as_tuned[$name]}")
+# Sources $1's fragments, config/<SYSTEM>_tuned.sh (`python -m rn50_mx.tune` writes it) then
+# config/<SYSTEM>_hparams.sh (`python -m rn50_mx.search`), those there are, as if they came right after the config: a
+# variable exported after sourcing the config (its value is not the config's) keeps that value, and a line per
+# fragment says which values it gave.
+source_fragments() {
+    local sourced=("$1") fragment
+    for fragment in "${1%.sh}_tuned.sh" "${1%.sh}_hparams.sh"; do
+        [[ -f "$fragment" ]] || continue
+        source_fragment "$fragment" "${sourced[@]}"
+        sourced+=("$fragment")
+    done
+}
+
+# Exports what fragment $1 sets on top of the files before it ($2...), where the variable still has the value those
+# files give it (a value exported after sourcing the config wins), and says which.
+source_fragment() {
+    local fragment=$1 name line given=()
+    shift
+    local -A before=() after=()
+    while IFS= read -r -d '' line; do before[${line%%=*}]=${line#*=}; done < <(sourced_env "$@")
+    while IFS= read -r -d '' line; do after[${line%%=*}]=${line#*=}; done < <(sourced_env "$@" "$fragment")
+    for name in "${!after[@]}"; do
+        if [[ "${after[$name]}" != "${before[$name]-}" && "${!name-}" == "${before[$name]-}" ]]; then
+            export "${name}=${after[$name]}"
+            given+=("${name}=${after[$name]}")
         fi
     done
     [[ ${#given[@]} -gt 0 ]] || given=("nothing: every value it sets was exported after the config")
-    echo "${LAUNCHER}: sourced ${tuned}: ${given[*]}"
+    echo "${LAUNCHER}: sourced ${fragment}: ${given[*]}"
+}
+
+# The environment (NUL-separated) of a clean shell after sourcing the files $@ in order.
+sourced_env() {
+    # shellcheck disable=SC2016  # expanded by the inner bash
+    env -i bash -c 'for file; do source "$file" || exit; done; env -0' _ "$@"
 }
 
 # Trial $1's seed: SEED+$1-1, or a random one unlike the earlier trials' (" $2 "): the seed checker refuses two

@@ -168,6 +168,9 @@ class Settings:
                            "PATH-0000.params and PATH-symbol.json (for python -m rn50_mx.evaluate --model PATH)",
                            env="RN50_SAVE_MODEL")
     submission_org: str = _opt("rn50-mx", "MLPerf submission_org", env="SUBMISSION_ORG")
+    submission_division: str = _opt("closed", "MLPerf submission_division: open for a run with settings the closed "
+                                    "rules forbid (python -m rn50_mx.search --mode open sets it)",
+                                    env="SUBMISSION_DIVISION", choices=("closed", "open"))
     dgxsystem: str = _opt("CPU", "system name, as in config/<SYSTEM>.sh", env="DGXSYSTEM")
     dgxnnodes: int = _opt(1, "number of nodes", env="DGXNNODES", low=1)
     dgxngpu: int = _opt(1, "processes (devices) per node", env="DGXNGPU", low=1)

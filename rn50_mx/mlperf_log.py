@@ -53,7 +53,7 @@ def submission(s):
     """The submission_* keys and cache_clear that the reference's launcher writes before each trial."""
     event(K.SUBMISSION_BENCHMARK, K.RESNET)
     event(K.SUBMISSION_ORG, s.submission_org)
-    event(K.SUBMISSION_DIVISION, K.CLOSED)
+    event(K.SUBMISSION_DIVISION, s.submission_division)
     event(K.SUBMISSION_STATUS, K.ONPREM)
     event(K.SUBMISSION_PLATFORM, f"{s.dgxnnodes}x{s.dgxsystem}")
     event(K.CACHE_CLEAR, s.cache_cleared)

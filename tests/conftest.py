@@ -1,5 +1,6 @@
 """Shared real data for the tests: small JPEG class folders cut from Fashion-MNIST, and their packed .rec."""
 import os
+import shutil
 import re
 import signal
 import subprocess
@@ -55,14 +56,18 @@ def small_rec(jpeg_tree, tmp_path_factory):
 
 
 def wait_for(proc, out, pattern, timeout=240):
-    """Until `pattern` is in the file `out` that `proc` writes; a process that ends first or a timeout fails the
-    test, and its group is killed (start `proc` with start_new_session=True)."""
+    """Until `pattern` is in the file `out` that `proc` (or a child of it) writes, a file not there yet read as
+    empty; a process that ends first or a timeout fails the test, and its group is killed (start `proc` with
+    start_new_session=True)."""
+    def text():
+        return open(out).read() if os.path.exists(out) else ""
+
     deadline = time.time() + timeout
-    while not re.search(pattern, open(out).read(), re.M):
+    while not re.search(pattern, text(), re.M):
         if proc.poll() is not None or time.time() > deadline:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            pytest.fail(f"never saw {pattern!r}: " + open(out).read()[-3000:])
+            pytest.fail(f"never saw {pattern!r}: " + text()[-3000:])
         time.sleep(0.1)
 
 
@@ -85,3 +90,21 @@ def assert_one_line_naming(result, name):
     assert len(lines) == 1, result.stderr
     assert name in lines[0] and "Traceback" not in result.stderr
     assert "RESULT," not in result.stdout
+
+
+@pytest.fixture(scope="session")
+def three_classes(tmp_path_factory):
+    """DATADIR of a tiny Fashion-MNIST set: train.rec (3 classes x 8 photographs at 32x32) and val.rec (4 of
+    each, with their labels), for whole training runs of seconds."""
+    root = tmp_path_factory.mktemp("three_classes")
+    prep_rec.write_fashion_mnist_jpegs("train", str(root / "train"), size=32, per_class=8)
+    for name in sorted(os.listdir(root / "train")):
+        if name not in ("1_trouser", "5_sandal", "8_bag"):
+            shutil.rmtree(root / "train" / name)
+        else:
+            os.makedirs(root / "val" / name)
+            for image in sorted(os.listdir(root / "train" / name))[:4]:
+                shutil.copy(root / "train" / name / image, root / "val" / name / image)
+    prep_rec.pack(str(root / "train"), str(root / "data" / "train"))
+    prep_rec.pack(str(root / "val"), str(root / "data" / "val"), shuffle=False)
+    return str(root / "data")

@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from conftest import assert_one_line_naming, wait_for
-from rn50_mx import checkpoint, config, model, optim, prep_rec, timing
+from rn50_mx import checkpoint, config, model, optim, timing
 from rn50_mx.config import Settings
 from test_train import clean_environ, events, values
 
@@ -39,20 +39,9 @@ EPOCH_LINE = re.compile(r"^(?:\[0\]<stdout>:)?epoch (\d+): .*?(loss .*)$", re.M)
 
 
 @pytest.fixture(scope="module")
-def recs(tmp_path_factory):
+def recs(three_classes):
     """(train .rec, val .rec): 3 Fashion-MNIST classes x 8 photographs; val: 4 of each with their labels."""
-    root = tmp_path_factory.mktemp("ckpt_data")
-    prep_rec.write_fashion_mnist_jpegs("train", str(root / "train"), size=32, per_class=8)
-    for name in sorted(os.listdir(root / "train")):
-        if name not in ("1_trouser", "5_sandal", "8_bag"):
-            shutil.rmtree(root / "train" / name)
-        else:
-            os.makedirs(root / "val" / name)
-            for image in sorted(os.listdir(root / "train" / name))[:4]:
-                shutil.copy(root / "train" / name / image, root / "val" / name / image)
-    prep_rec.pack(str(root / "train"), str(root / "train_rec"))
-    prep_rec.pack(str(root / "val"), str(root / "val_rec"), shuffle=False)
-    return str(root / "train_rec.rec"), str(root / "val_rec.rec")
+    return os.path.join(three_classes, "train.rec"), os.path.join(three_classes, "val.rec")
 
 
 def argv(recs, ranks, **changes):

@@ -27,7 +27,7 @@ def check_listing(stdout):
 
 
 def test_fragment_round_trips_through_the_launchers_and_config_check(small_rec, tmp_path):
-    """The fragment, sourced as the launchers source it (trials.sh's source_tuned), gives its values to `config
+    """The fragment, sourced as the launchers source it (trials.sh's source_fragments), gives its values to `config
     --check`, except where a variable was exported after the config: that export wins."""
     s = small_settings(small_rec)
     choice = {**space.start(s), "dali_threads": 1, "dali_prefetch_queue": 3, "dali_roi_decode": False}
@@ -37,7 +37,7 @@ def test_fragment_round_trips_through_the_launchers_and_config_check(small_rec, 
     output.write_fragment(path, output.fragment(s, space.start(s), choice, (0.9, 0.97), "test"))
     assert sorted(os.listdir(tmp_path / "config")) == ["CPU.sh", "CPU_tuned.sh"]  # no temporary or lock left
     result = bash(f"set -euo pipefail; LAUNCHER=test; source trials.sh; source {tmp_path}/config/CPU.sh; "
-                  f"export DALI_PREFETCH_QUEUE=4 BATCHSIZE=4; source_tuned {tmp_path}/config/CPU.sh; "
+                  f"export DALI_PREFETCH_QUEUE=4 BATCHSIZE=4; source_fragments {tmp_path}/config/CPU.sh; "
                   f"python -m rn50_mx.check --data-train {small_rec}.rec", env=SMALL, timeout=300)
     assert result.returncode == 0, result.stderr
     listing = check_listing(result.stdout)

@@ -5,7 +5,7 @@ import os
 from ..files import os_error, owned, write_atomically
 from . import space
 
-FRAGMENT_NOTE = """# Sourced after config/{system}.sh by run_with_docker.sh and run.sub (trials.sh's source_tuned), where a
+FRAGMENT_NOTE = """# Sourced after config/{system}.sh by run_with_docker.sh and run.sub (trials.sh's source_fragments), where a
 # variable exported after the config keeps its value; by hand: source config/{system}.sh; source {name}
 """
 

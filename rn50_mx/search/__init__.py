@@ -1,0 +1,174 @@
+"""`python -m rn50_mx.search`: the seed article's hyperparameter method, automated. On the sourced config and its data
+(the settings object training resolves), it runs real training trials, coarse then fine (the sourced settings, then
+the horizon, the learning rate within +-10-20%, the warmup, the weight decay on its lattice, then a seeded TPE
+sampler), prunes them on their eval curves, re-runs the best sets and the sourced one on fresh seeds, and writes the
+winner as config/<SYSTEM>_hparams.sh.
+
+    source config/CPU.sh
+    DATADIR=data/fashion-mnist python -m rn50_mx.search --trials 12 --hours 2 [--dry-run] [rn50_mx.train flags]
+
+Modules: space (knobs, allowed forms, the plan), trials (one trial's runs, read as they grow, pruned), driver (the
+Optuna study, ask-and-tell from this one process, resumable), finals (fresh seeds, MLPerf's olympic mean, the
+checkers), output (lines, table, picture, fragment). docs/search.md says when to search and what it costs.
+"""
+import os
+import signal
+import socket
+
+from .. import config, files
+from ..errors import InputError
+from ..tune.output import owned_fragment
+from . import output, space
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def parse_args(argv):
+    """(the search's own options, the rn50_mx.train flags left for config)."""
+    parser = config.tool_parser("python -m rn50_mx.search", __doc__)
+    add = parser.add_argument
+    add("--mode", choices=("closed", "open"), default="closed",
+        help="closed: only the closed division's hyperparameters, each in its allowed form (default); open: any "
+             "numeric setting, the runs logged as open")
+    add("--knob", action="append", default=[], metavar="NAME=LOW:HIGH",
+        help="a setting to search, by its environment name, and its range (repeat it); default: NUMEPOCHS 2 below "
+             "to 1 above the config's, LR half to double, WARMUP_EPOCHS 0 to 1 above")
+    add("--trials", type=int, default=12, help="trials to finish, counting those of an earlier run of the study "
+                                                "(default 12)")
+    add("--hours", type=float, default=24.0, help="hours this run of the driver may start trials for (default 24)")
+    add("--seeds-per-trial", type=int, default=1, help="runs per trial, each on its own seed (default 1)")
+    add("--finalists", type=int, default=1, help="best sets re-run on fresh seeds beside the sourced one (default 1)")
+    add("--final-seeds", type=int, default=5, help="fresh seeds per finalist (default 5, as MLPerf's score)")
+    add("--parallel", type=int, default=1, help="trials at once (default 1: one machine's GPUs per trial)")
+    add("--launcher", choices=("local",), default="local",
+        help="local: python -m rn50_mx.train (under horovodrun for several processes) on this machine")
+    add("--storage", default="", help="an Optuna storage URL (default: sqlite:///RESULTS/STUDY.db)")
+    add("--study", default="", help="the study's name (default: the config's DGXSYSTEM)")
+    add("--objective", choices=("epochs", "minutes"), default="epochs",
+        help="epochs to the target (MLPerf's measure, default) or minutes from run_start to run_stop")
+    add("--prune-share", type=float, default=0.75,
+        help="share of the horizon after which a trial behind the best curve is stopped (default 0.75)")
+    add("--results", default="", help="folder of the study's runs, picture and lock (default results/search/STUDY)")
+    add("--out", default=os.path.join(ROOT, "config"), help="folder of the fragment (config/)")
+    add("--dry-run", action="store_true", help="print the plan and its cost; run nothing (no data needed)")
+    args, rest = parser.parse_known_args(argv)
+    for name, low in (("trials", 1), ("seeds_per_trial", 1), ("finalists", 0), ("final_seeds", 1), ("parallel", 1)):
+        if getattr(args, name) < low:
+            raise InputError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least {low}")
+    if not args.hours > 0 or not 0 < args.prune_share <= 1:
+        raise InputError("--hours must be > 0 and --prune-share in (0, 1]")
+    return args, rest
+
+
+def prepare(argv):
+    """(settings, args, knobs) checked, before any study is opened."""
+    args, rest = parse_args(argv)
+    s = config.load(rest, prog="rn50_mx.search")
+    if args.mode == "open":
+        s = s.replace(submission_division="open")
+    knobs = [space.parse_knob(k, args.mode) for k in args.knob] or space.default_knobs(s, args.mode)
+    space.check_start(space.start(s, knobs), knobs, args.mode)
+    args.study = args.study or s.dgxsystem
+    args.results = os.path.abspath(args.results or os.path.join("results", "search", args.study))
+    args.storage = args.storage or f"sqlite:///{os.path.join(args.results, args.study + '.db')}"
+    return s, args, knobs
+
+
+def open_study(args, knobs):
+    """The study, created or continued; one line when the storage cannot be opened or the study was started with
+    another space."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    space_text = output.params_text({k.env: f"{k.low:g}:{k.high:g}" for k in knobs}) + f" {args.mode} {args.objective}"
+    try:
+        study = optuna.create_study(study_name=args.study, storage=args.storage, load_if_exists=True,
+                                    direction="minimize", sampler=optuna.samplers.TPESampler(seed=0))
+    except Exception as err:  # noqa: BLE001 - SQLAlchemy's and Optuna's storage errors: one line naming the URL
+        raise InputError(f"--storage {args.storage}: cannot open the study ({type(err).__name__}: "
+                         f"{str(err).splitlines()[0]})") from None
+    known = study.user_attrs.get("space")
+    if known is None:
+        study.set_user_attr("space", space_text)
+    elif known != space_text:
+        raise InputError(f"study {args.study!r} in {args.storage} searches {known}, not {space_text}: give another "
+                         "--study (or the same knobs)")
+    return study
+
+
+def hold_lock(args):
+    """The study's lock for the life of this process: a second driver on it is one line."""
+    try:
+        os.makedirs(args.results, exist_ok=True)
+    except OSError as err:
+        raise files.os_error(args.results, err, "create") from None
+    path = os.path.join(args.results, args.study + ".lock")
+    fd = files.try_lock(path)
+    if fd is None:
+        with open(path) as f:
+            raise InputError(f"study {args.study!r}: another driver runs it ({f.read().strip() or 'unknown'}); "
+                             "one driver writes a study")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    return fd
+
+
+def stop_on_signals():
+    def stop(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+    signal.signal(signal.SIGTERM, stop)
+
+
+def search(s, args, knobs):
+    from .. import data, mlperf_rules
+    from . import driver, finals
+
+    if not s.data_train or not s.data_val:
+        raise InputError("--data-train and --data-val (or DATADIR): every trial trains and evaluates on real data")
+    data.check_files(s)
+    fragment = os.path.join(args.out, f"{s.dgxsystem}_hparams.sh")
+    lock = hold_lock(args)
+    with owned_fragment(fragment):  # the tuner's fragment rules: folder made, one writer, checked before work
+        study = open_study(args, knobs)
+        loop = driver.Driver(s, args, knobs, study, args.results)
+        try:
+            loop.run()
+        except KeyboardInterrupt as why:
+            loop.stop_all("driver stopped")
+            print(f"search: stopped by {why or 'SIGINT'}; every trial's processes ended; the same command continues "
+                  f"study {args.study!r}", flush=True)
+            return 143
+        output.picture(os.path.join(args.results, args.study + ".png"), study.get_trials(deepcopy=False),
+                       s.accuracy_threshold)
+        best = loop.complete()[:args.finalists]
+        if not best:
+            print("search: no trial completed; nothing to compare" if args.finalists else "search: done")
+            return 1 if args.finalists else 0
+        sets = [("sourced", space.start(s, knobs))] + [(f"trial {t.number}", {k.env: t.params[k.env] for k in knobs})
+                                                      for t in best if t.params != space.start(s, knobs)]
+        seeds = [driver.FINAL_SEEDS + k for k in range(args.final_seeds)]
+        rows = finals.run_sets(s, sets, knobs, seeds, os.path.join(args.results, "finals"), args.parallel,
+                               mlperf_rules.DEFAULT_RULESET, args.mode)
+        table = {name: (params, rows[name]) for name, params in sets}
+        print(output.table(table, args.mode))
+        key = "epochs" if args.objective == "epochs" else "minutes"
+        winner = min(table, key=lambda name: (table[name][1][key] is None, table[name][1][key] or 0))
+        if winner == "sourced":
+            print(f"search: the sourced settings stay best on fresh seeds; {fragment} not written")
+        else:
+            params, row = table[winner]
+            output.write_fragment(fragment, output.fragment_text(s, params, row, args.study))
+            print(f"search: wrote {fragment} ({winner}); the launchers source it after config/{s.dgxsystem}.sh")
+    os.close(lock)
+    return 0
+
+
+def main(argv=None):
+    import sys
+
+    s, args, knobs = prepare(sys.argv[1:] if argv is None else argv)
+    if args.dry_run:
+        print(output.plan_text(s, knobs, args))
+        return 0
+    stop_on_signals()
+    return search(s, args, knobs)

@@ -1,0 +1,171 @@
+"""The study loop: one driver, the only writer of its Optuna study (ask-and-tell), runs trials in --parallel slots,
+prunes them on their eval curves, and survives its own death: each trial's process groups are in the study before
+they run, so a restarted driver ends what is left of them and runs those trials again."""
+import time
+from statistics import mean
+
+from ..errors import InputError
+from . import output, space, trials
+
+SEARCH_SEEDS, FINAL_SEEDS = 100_000, 900_000  # disjoint: a finalist is never measured on a search seed
+
+
+class Slot:
+    """A trial in progress: its Optuna trial, params, settings and the seeds still to run."""
+
+    def __init__(self, trial, params, s, seeds, folder):
+        self.trial, self.params, self.s, self.seeds, self.folder = trial, params, s, list(seeds), folder
+        self.runs, self.reported, self.pruned = [], set(), ""
+
+    @property
+    def current(self):
+        return self.runs[-1] if self.runs else None
+
+
+class Driver:
+    def __init__(self, s, args, knobs, study, folder):
+        self.s, self.args, self.knobs, self.study, self.folder = s, args, knobs, study, folder
+        self.distributions = {k.env: k.distribution() for k in knobs}
+        self.phase, self.slots = 0, []
+
+    # --- the study's state ------------------------------------------------------------------------------------
+    def finished(self):
+        import optuna
+
+        done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+        return [t for t in self.study.get_trials(deepcopy=False) if t.state in done]
+
+    def complete(self):
+        """The trials that ran to their end, best first (a pruned trial's value is its last top-1: not comparable)."""
+        import optuna
+
+        done = [t for t in self.finished() if t.state == optuna.trial.TrialState.COMPLETE]
+        return sorted(done, key=lambda t: t.value)
+
+    def best_params(self):
+        complete = self.complete()
+        if not complete:
+            return space.start(self.s, self.knobs)
+        return {k.env: complete[0].params[k.env] for k in self.knobs}
+
+    def curves(self):
+        return [c for t in self.complete() for c in t.user_attrs.get("curves", [])]
+
+    def recover(self):
+        """Trials a killed driver left RUNNING: their process groups ended, the trial failed and queued again."""
+        import optuna
+
+        for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            for pgid in t.user_attrs.get("pgids", []):
+                if trials.alive(pgid):
+                    trials.stop_group(pgid)
+            self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+            self.study.enqueue_trial(t.params or t.system_attrs.get("fixed_params", {}), skip_if_exists=False)
+            print(f"search: trial {t.number} was running when the last driver stopped: its processes ended, "
+                  "queued again", flush=True)
+
+    def enqueue_plan(self):
+        """The next plan phase's points around the best so far, once the trials before them have finished."""
+        import optuna
+
+        waiting = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+        while not waiting and self.phase < len(space.PHASES):
+            points = space.planned(self.best_params(), self.knobs, self.phase)
+            self.phase += 1
+            for point in points:
+                if not self.seen(point):
+                    self.study.enqueue_trial(point)
+            waiting = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+
+    def seen(self, point):
+        return any(t.params == point for t in self.study.get_trials(deepcopy=False))
+
+    # --- running trials --------------------------------------------------------------------------------------
+    def launch(self):
+        trial = self.study.ask(self.distributions)
+        params = {k.env: trial.params[k.env] for k in self.knobs}
+        folder = output.trial_folder(self.folder, trial.number)
+        seeds = [SEARCH_SEEDS + trial.number * 16 + k for k in range(self.args.seeds_per_trial)]
+        slot = Slot(trial, params, space.apply(self.s, params, self.knobs), seeds, folder)
+        self.slots.append(slot)
+        self.next_seed(slot)
+
+    def next_seed(self, slot):
+        run = trials.Run(slot.s, slot.folder, slot.seeds.pop(0))
+        slot.runs.append(run)
+        try:
+            pid = run.start()
+        except InputError as err:
+            slot.pruned = str(err)
+            return
+        slot.trial.set_user_attr("pgids", [pid])
+
+    def poll(self, slot):
+        """Report new evals, prune, start the next seed; True when the trial has ended (told to the study)."""
+        import optuna
+
+        run = slot.current
+        if slot.pruned and (run.proc is None or run.done()):
+            return self.end(slot, optuna.trial.TrialState.PRUNED)
+        state = run.read()
+        for epoch, top1 in (state.evals if state else []):
+            if (len(slot.runs), epoch) not in slot.reported:
+                slot.reported.add((len(slot.runs), epoch))
+                if len(slot.runs) == 1 and top1 is not None:
+                    slot.trial.report(top1, epoch)
+        why = trials.verdict(state, run.output(), slot.s, self.curves(), self.args.prune_share) if not run.done() else ""
+        if why:
+            run.stop(why)
+            slot.pruned = why
+            return self.end(slot, optuna.trial.TrialState.PRUNED)
+        if not run.done():
+            return False
+        if slot.seeds:
+            self.next_seed(slot)
+            return False
+        return self.end(slot, optuna.trial.TrialState.COMPLETE)
+
+    def end(self, slot, state):
+        import optuna
+
+        results = [(r, r.read()) for r in slot.runs]
+        epochs = [trials.epochs_to_target(read, slot.s) for _, read in results]
+        minutes = [trials.minutes_to_target(read, slot.s) for _, read in results]
+        slot.trial.set_user_attr("curves", [read.evals for _, read in results if read is not None])
+        slot.trial.set_user_attr("minutes", minutes)
+        slot.trial.set_user_attr("epochs", epochs)
+        slot.trial.set_user_attr("logs", [r.log for r, _ in results])
+        failed = any(read is None or read.minutes is None for _, read in results)
+        if state == optuna.trial.TrialState.COMPLETE and failed:
+            state, slot.pruned = optuna.trial.TrialState.FAIL, "a run ended without run_stop"
+        value = None
+        if state == optuna.trial.TrialState.COMPLETE:
+            value = mean(epochs if self.args.objective == "epochs" else minutes)
+        if slot.pruned:
+            slot.trial.set_user_attr("why", slot.pruned)
+        self.study.tell(slot.trial, value, state=state)
+        print(output.trial_line(slot, state.name, value, results), flush=True)
+        return True
+
+    def run(self):
+        """Trials until --trials have finished or --hours have passed; returns the number finished now."""
+        deadline = time.time() + self.args.hours * 3600
+        self.recover()
+        if not self.study.get_trials(deepcopy=False):
+            self.study.enqueue_trial(space.start(self.s, self.knobs))
+        started = len(self.finished())
+        while True:
+            self.slots = [slot for slot in self.slots if not self.poll(slot)]
+            remaining = self.args.trials - len(self.finished()) - len(self.slots)
+            if time.time() < deadline and remaining > 0 and len(self.slots) < self.args.parallel:
+                self.enqueue_plan()
+                self.launch()
+                continue
+            if not self.slots:
+                return len(self.finished()) - started
+            time.sleep(1.0)
+
+    def stop_all(self, why):
+        for slot in self.slots:
+            if slot.current and slot.current.proc and not slot.current.done():
+                slot.current.stop(why)

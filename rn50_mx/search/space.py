@@ -1,0 +1,123 @@
+"""What the search may change, in which allowed form, and the coarse-then-fine plan over it.
+
+Closed division (training_rules.adoc, "Hyperparameters" for ResNet; mlperf_logging closed_resnet_lars.yaml): the
+base learning rate, the warmup epochs, the poly(2) horizon (lars_opt_learning_rate_decay_steps, NUMEPOCHS here),
+the weight decay on its lattice 1e-4 x 2^N and the eval offset. Open division: any numeric setting of the
+settings object, by its environment name.
+"""
+import math
+from dataclasses import dataclass
+
+from .. import config
+from ..errors import InputError
+
+CLOSED = ("NUMEPOCHS", "LR", "WARMUP_EPOCHS", "WD", "EVAL_OFFSET")
+WD_UNIT = 1e-4  # the rules allow lars_opt_weight_decay = 1e-4 * 2^N only
+BY_ENV = {f.metadata["env"]: f for f in config.FIELDS.values() if f.metadata["env"]}
+# The plan's phases, as the Inspur article tunes and the published logs suggest: the horizon first (runs converge
+# about 2 epochs before its end; one too long cost submitters 4-8 epochs), then the learning rate within +-10-20%,
+# then the warmup, then the weight decay one lattice step each way, then where the evals fall (the offset: the same
+# run scores the epoch of the first eval at or past its convergence).
+PHASES = (("NUMEPOCHS", (-2, -1, 1), "add"), ("LR", (0.8, 0.9, 1.1, 1.2), "times"),
+          ("WARMUP_EPOCHS", (-1, 1), "add"), ("WD", (0.5, 2.0), "times"), ("EVAL_OFFSET", (-1, 1, -2, 2, -3, 3), "add"))
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One searched setting: its environment name, its field, and the closed interval of its values."""
+    env: str
+    field: str
+    low: float
+    high: float
+    integer: bool
+    lattice: bool = False  # values WD_UNIT * 2^N only
+
+    def values(self):
+        """The lattice points inside [low, high] (lattice knobs only)."""
+        n = range(math.ceil(math.log2(self.low / WD_UNIT) - 1e-9), math.floor(math.log2(self.high / WD_UNIT) + 1e-9) + 1)
+        return [WD_UNIT * 2.0 ** k for k in n]
+
+    def holds(self, value):
+        return self.low <= value <= self.high and (not self.lattice or on_lattice(value))
+
+    def distribution(self):
+        import optuna
+
+        if self.lattice:
+            return optuna.distributions.CategoricalDistribution(self.values())
+        if self.integer:
+            return optuna.distributions.IntDistribution(int(self.low), int(self.high))
+        return optuna.distributions.FloatDistribution(self.low, self.high, log=self.low > 0 and self.high / self.low > 4)
+
+
+def on_lattice(wd):
+    exponent = math.log2(wd / WD_UNIT) if wd > 0 else float("nan")
+    return abs(exponent - round(exponent)) < 1e-9
+
+
+def parse_knob(text, mode):
+    """A --knob NAME=LOW:HIGH; closed mode takes only the closed-division hyperparameters, each in its form."""
+    name, _, bounds = text.partition("=")
+    low_text, _, high_text = bounds.partition(":")
+    field = BY_ENV.get(name)
+    if field is None:
+        raise InputError(f"--knob {text}: {name} is not a setting rn50_mx reads (give its environment name, e.g. LR)")
+    if mode == "closed" and name not in CLOSED:
+        raise InputError(f"--knob {text}: {name} is not a closed-division hyperparameter of ResNet-50 (closed: "
+                         f"{', '.join(CLOSED)}); --mode open searches any setting")
+    if field.type not in (int, float, "int", "float"):
+        raise InputError(f"--knob {text}: {name} is not a number")
+    integer = field.type in (int, "int")
+    try:
+        low, high = float(low_text), float(high_text)
+    except ValueError:
+        raise InputError(f"--knob {text}: give NAME=LOW:HIGH, two numbers") from None
+    if not (math.isfinite(low) and math.isfinite(high) and low <= high) or (integer and (low, high) != (int(low), int(high))):
+        raise InputError(f"--knob {text}: LOW:HIGH must be finite{' whole' if integer else ''} numbers, LOW <= HIGH")
+    knob = Knob(name, field.name, low, high, integer, lattice=mode == "closed" and name == "WD")
+    if knob.lattice and not knob.values():
+        raise InputError(f"--knob {text}: the closed rules allow WD = 1e-4 x 2^N only, and none lies in [{low}, {high}]")
+    return knob
+
+
+def default_knobs(s, mode):
+    """Around the sourced settings: the horizon 2 below to 1 above, the learning rate halved to doubled, the warmup
+    from 0 to one above (kept below the horizon)."""
+    knobs = [Knob("NUMEPOCHS", "num_epochs", max(2, s.num_epochs - 2), s.num_epochs + 1, True),
+             Knob("LR", "lr", s.lr / 2, s.lr * 2, False),
+             Knob("WARMUP_EPOCHS", "warmup_epochs", 0, s.warmup_epochs + 1, isinstance(s.warmup_epochs, int))]
+    return knobs
+
+
+def start(s, knobs):
+    """The sourced settings' values of the knobs: the search's first trial."""
+    return {k.env: getattr(s, k.field) for k in knobs}
+
+
+def check_start(params, knobs, mode):
+    """The sourced values must be a point of the space (closed mode: WD on its lattice)."""
+    for knob in knobs:
+        if not knob.holds(params[knob.env]):
+            raise InputError(f"{knob.env}={params[knob.env]}: the sourced value is outside --knob "
+                             f"{knob.env}={knob.low:g}:{knob.high:g}" + (" or off the lattice 1e-4 x 2^N"
+                                                                          if knob.lattice else ""))
+
+
+def planned(best, knobs, phase):
+    """The points of plan phase `phase` around the best params so far: one knob moved at a time, kept in its range."""
+    env, steps, how = PHASES[phase]
+    knob = next((k for k in knobs if k.env == env), None)
+    if knob is None:
+        return []
+    points = []
+    for step in steps:
+        value = best[env] + step if how == "add" else best[env] * step
+        value = int(round(value)) if knob.integer else value if knob.lattice else round(value, 6)
+        if knob.holds(value) and value != best[env]:
+            points.append({**best, env: value})
+    return points
+
+
+def apply(s, params, knobs):
+    """The settings of one trial: the sourced ones with the knobs' values."""
+    return s.replace(**{k.field: params[k.env] for k in knobs})

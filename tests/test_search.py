@@ -1,0 +1,196 @@
+"""python -m rn50_mx.search with the local launcher: real trials of `python -m rn50_mx.train` on a tiny .rec (3
+Fashion-MNIST classes, 24 training images), a real Optuna study in SQLite, real signals.
+
+The tiny set does not learn in a few epochs, so the target is set at chance level: a run converges at its first eval,
+and the eval offset (a closed-division knob) decides the epochs a run scores. That makes the objective exact and
+the winner known: EVAL_OFFSET 0 scores 1 epoch, the sourced 1 scores 2.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from conftest import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, bash, wait_for
+from rn50_mx import files
+
+TINY = dict(NUM_CLASSES="3", BATCHSIZE="4", NUMEXAMPLES="24", NUMEPOCHS="3", WARMUP_EPOCHS="1", LR="0.5",
+            EVAL_PERIOD="2", EVAL_OFFSET="1", MIN_RANDOM_AREA="0.3", DALI_THREADS="1", ACCURACY_THRESHOLD="0.3",
+            OMP_NUM_THREADS="1")
+
+
+@pytest.fixture(scope="module")
+def tiny_data(three_classes):
+    return three_classes
+
+
+def environ(tiny_data, **changes):
+    """config/CPU.sh's variables shrunk to the tiny set, as a user's sourced config and DATADIR."""
+    sourced = bash("source config/CPU.sh && env -0").stdout
+    env = dict(item.split("=", 1) for item in sourced.split("\0") if "=" in item)
+    return {**env, **TINY, "DATADIR": tiny_data, "PATH": ENV_PATH, **PYTHONPATH, **changes}
+
+
+def search_command(tmp_path, *flags):
+    return [sys.executable, "-m", "rn50_mx.search", "--results", str(tmp_path / "res"), "--out",
+            str(tmp_path / "cfg"), *flags]
+
+
+def search(tmp_path, env, *flags, timeout=600):
+    return subprocess.run(search_command(tmp_path, *flags), env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def leftovers(tmp_path):
+    """Processes whose command line names the test's folder: trials' ranks or drivers still running."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(str(tmp_path) in part for part in proc.info["cmdline"] or []):
+                found.append(proc)
+        except psutil.Error:
+            pass
+    return found
+
+
+def study_trials(tmp_path):
+    import optuna
+
+    study = optuna.load_study(study_name="CPU", storage=f"sqlite:///{tmp_path / 'res' / 'CPU.db'}")
+    return study.get_trials()
+
+
+@pytest.mark.slow
+def test_a_tiny_search_finds_the_better_set_and_writes_a_fragment_the_check_accepts(tiny_data, tmp_path):
+    """Two trials (the sourced settings, then the plan's EVAL_OFFSET step), the winner and the sourced set on two
+    fresh seeds each, the compliance checker on every finalist log, the picture, and config/CPU_hparams.sh, which
+    the launchers source after the config and the tuner's fragment, and the settings check accepts."""
+    os.makedirs(tmp_path / "cfg")
+    shutil.copy(os.path.join(ROOT, "config", "CPU.sh"), tmp_path / "cfg" / "CPU.sh")
+    (tmp_path / "cfg" / "CPU_tuned.sh").write_text("export DALI_THREADS=1\nexport EVAL_OFFSET=1\n")
+    result = search(tmp_path, environ(tiny_data), "--knob", "EVAL_OFFSET=0:1", "--trials", "2", "--final-seeds", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("trial   0  EVAL_OFFSET=1: seed 100000: top-1 ") and lines[0].endswith("COMPLETE 2")
+    assert lines[1].startswith("trial   1  EVAL_OFFSET=0: seed 100016: top-1 ") and lines[1].endswith("COMPLETE 1")
+    assert "finalists (tuning runs on fresh seeds, not a timed MLPerf set):" in result.stdout
+    table = {line.split()[0] + (" " + line.split()[1] if line.startswith("trial") else ""): line for line in lines
+             if line.startswith(("sourced ", "trial 1 "))}
+    assert table["sourced"].split()[1:5] == ["2.00", "2", "2", "2/2"]
+    assert table["trial 1"].split()[2:6] == ["1.00", "1", "1", "2/2"]
+    # the official checker ran on each finalist log: the tiny set's top-1 is far below the target it checks
+    assert result.stdout.count("compliance checker: 0/2 SUCCESS (Failed checks for eval_accuracy") == 2
+    seeds = {name for name in os.listdir(tmp_path / "res" / "finals" / "trial-1")} | {
+        name for name in os.listdir(tmp_path / "res" / "finals" / "sourced")}
+    assert {s for s in seeds if s.endswith(".log")} == {"seed900000.log", "seed900001.log"}
+    fragment = tmp_path / "cfg" / "CPU_hparams.sh"
+    assert fragment.read_text().splitlines()[-1] == "export EVAL_OFFSET=0"
+    assert os.path.getsize(tmp_path / "res" / "CPU.png") > 0
+    exports = "".join(f"export {k}={v}; " for k, v in TINY.items() if k not in ("EVAL_OFFSET", "DALI_THREADS"))
+    check = bash(f"LAUNCHER=test; source trials.sh; source {tmp_path}/cfg/CPU.sh; {exports} "
+                 f"source_fragments {tmp_path}/cfg/CPU.sh; python -m rn50_mx.check", env={"DATADIR": tiny_data})
+    assert check.returncode == 0, check.stderr
+    assert f"test: sourced {tmp_path}/cfg/CPU_tuned.sh: " in check.stdout
+    assert f"test: sourced {fragment}: EVAL_OFFSET=0" in check.stdout  # after the tuner's, which set 1
+    assert any(line.split()[:3] == ["--eval-offset", "0", "EVAL_OFFSET"] for line in check.stdout.splitlines())
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_a_diverging_trial_is_stopped_at_once_and_leaves_no_process(tiny_data, tmp_path):
+    """An SGD learning rate of 1e30 makes the loss NaN in the first epoch: the trial is stopped there (its 3 epochs
+    are not run), told to the study as pruned, and nothing of it keeps running."""
+    env = environ(tiny_data, OPTIMIZER="sgd", LR="1e30", ACCURACY_THRESHOLD="0.99")
+    result = search(tmp_path, env, "--knob", "LR=1e29:1e30", "--trials", "1", "--finalists", "0")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[0].endswith("-> PRUNED (diverged)")
+    [trial] = study_trials(tmp_path)
+    assert trial.state.name == "PRUNED" and trial.user_attrs["why"] == "diverged"
+    assert "epoch 3:" not in (tmp_path / "res" / "trials" / "0000" / "seed100000.out").read_text()
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_a_killed_driver_resumes_its_study_without_losing_or_repeating_a_trial(tiny_data, tmp_path):
+    """SIGKILL of the driver while trial 1 runs, then the same command: trial 0 is kept (not run again), trial 1's
+    processes are ended and it is run again as a new trial with the same values, and the study ends with the 2
+    trials asked for."""
+    env = environ(tiny_data)
+    out = tmp_path / "first.out"
+    with open(out, "w") as f:
+        driver = subprocess.Popen(search_command(tmp_path, "--knob", "EVAL_OFFSET=0:1", "--trials", "2",
+                                                 "--finalists", "0"), env=env, cwd=ROOT, stdout=f,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    wait_for(driver, out, "trial   0 ")
+    wait_for(driver, tmp_path / "res" / "trials" / "0001" / "seed100016.out", "epoch 1:")
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    orphans = leftovers(tmp_path)
+    assert orphans, "the killed driver's trial should still be running"
+    result = search(tmp_path, env, "--knob", "EVAL_OFFSET=0:1", "--trials", "2", "--finalists", "0")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "search: trial 1 was running when the last driver stopped: its processes ended, queued again" in \
+        result.stdout
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in orphans)
+    states = [(t.number, t.state.name, t.params) for t in study_trials(tmp_path)]
+    assert states == [(0, "COMPLETE", {"EVAL_OFFSET": 1}), (1, "FAIL", {"EVAL_OFFSET": 0}),
+                      (2, "COMPLETE", {"EVAL_OFFSET": 0})]
+    assert "trial   0 " not in result.stdout  # not run again
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_driver_ends_its_trials_and_says_how_to_continue(tiny_data, tmp_path):
+    out = tmp_path / "driver.out"
+    with open(out, "w") as f:
+        driver = subprocess.Popen(search_command(tmp_path, "--knob", "EVAL_OFFSET=0:1", "--trials", "2"),
+                                  env=environ(tiny_data), cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+    wait_for(driver, tmp_path / "res" / "trials" / "0000" / "seed100000.out", "epoch 1:")
+    driver.send_signal(signal.SIGTERM)
+    assert driver.wait(timeout=60) == 143
+    assert out.read_text().strip().splitlines()[-1] == ("search: stopped by SIGTERM; every trial's processes ended; "
+                                                        "the same command continues study 'CPU'")
+    assert leftovers(tmp_path) == []
+
+
+def test_a_second_driver_on_the_study_is_refused_in_one_line(tiny_data, tmp_path):
+    os.makedirs(tmp_path / "res")
+    held = files.try_lock(str(tmp_path / "res" / "CPU.lock"))
+    os.pwrite(held, b"process 1 on elsewhere\n", 0)
+    result = search(tmp_path, environ(tiny_data), "--trials", "1")
+    assert_one_line_naming(result, "study 'CPU': another driver runs it (process 1 on elsewhere)")
+    os.close(held)
+
+
+@pytest.mark.parametrize("flags, env, says", [
+    (["--knob", "BATCHSIZE=64:128"], {}, "--knob BATCHSIZE=64:128: BATCHSIZE is not a closed-division hyperparameter"),
+    (["--knob", "WD=3e-5:4e-5"], {}, "the closed rules allow WD = 1e-4 x 2^N only"),
+    (["--knob", "LR=8"], {}, "--knob LR=8: give NAME=LOW:HIGH, two numbers"),
+    (["--knob", "LR=nan:1"], {}, "--knob LR=nan:1: LOW:HIGH must be finite numbers"),
+    (["--knob", "NOPE=1:2"], {}, "--knob NOPE=1:2: NOPE is not a setting rn50_mx reads"),
+    (["--knob", "LR=1:2"], {"LR": "4"}, "LR=4.0: the sourced value is outside --knob LR=1:2"),
+    (["--trials", "0"], {}, "--trials 0: must be at least 1"),
+    (["--final-seeds", "0"], {}, "--final-seeds 0: must be at least 1"),
+    (["--hours", "0"], {}, "--hours must be > 0"),
+    (["--storage", "sqlite:////proc/no/such.db"], {}, "--storage sqlite:////proc/no/such.db: cannot open the study"),
+    (["--results", "/proc/no_such_folder"], {}, "/proc/no_such_folder: cannot create"),
+    (["--mode", "fast"], {}, "argument --mode: invalid choice: 'fast'"),
+])
+def test_bad_input_is_one_line(tiny_data, tmp_path, flags, env, says):
+    result = search(tmp_path, environ(tiny_data, **env), *flags)
+    assert_one_line_naming(result, says)
+    assert leftovers(tmp_path) == []
+
+
+def test_the_plan_needs_no_data(tmp_path):
+    """--dry-run prints the space, the plan and its cost without data, and runs nothing."""
+    env = {k: v for k, v in environ("", **{"DATADIR": ""}).items() if k != "DATADIR"}
+    result = search(tmp_path, env, "--dry-run", "--trials", "4", "--final-seeds", "5")
+    assert result.returncode == 0, result.stderr
+    assert "space: NUMEPOCHS 2..4, LR 0.25..1, WARMUP_EPOCHS 0..2" in result.stdout
+    assert "cost at most: 42 epochs of training" in result.stdout  # (4 trials + 2 sets x 5 seeds) x 3 epochs
+    assert not (tmp_path / "res").exists()
