@@ -5,6 +5,18 @@
 # do). A second run reuses it; Horovod is rebuilt only if it is missing or its build flags changed.
 SHELL     := /bin/bash
 VENV      ?= .venv
+# The interpreter of .venv: MXNet 1.9.1 needs numpy < 1.24, whose wheels stop at Python 3.11 (pip finds none for
+# 3.12 and builds numpy from source, which fails). The first of these that is 3.10 or 3.11 serves.
+# VENV_PYTHON=... on the command line names another.
+ifndef VENV_PYTHON
+VENV_PYTHON := $(shell for p in python3.11 python3.10 python3; do \
+	v=$$($$p -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) && \
+	{ [ "$$v" = 3.10 ] || [ "$$v" = 3.11 ]; } && { echo $$p; break; }; done)
+endif
+NO_PYTHON := make: rn50-mx needs Python 3.10 or 3.11 (MXNet 1.9.1 needs numpy < 1.24, which has no wheels for 3.12 \
+	or newer) and none is on PATH: install python3.11 with its venv module (Debian/Ubuntu: apt-get install \
+	python3.11-venv where the release has it; or pyenv install 3.11), or run everything in the image (docker build -t \
+	rn50-mx .)
 PY        := $(VENV)/bin/python
 DATA      ?= data/fashion-mnist
 LOGDIR    ?= results/demo
@@ -22,7 +34,8 @@ venv: $(VENV)/.horovod $(SYSTEM_PACKAGES)
 # Stage 1: Python packages, at the exact versions of constraints.txt. Re-run when setup.py or constraints.txt
 # changes; pip then installs only what differs.
 $(VENV)/.base: setup.py constraints.txt
-	test -x $(PY) || python3 -m venv $(VENV)
+	@test -x $(PY) || test -n "$(VENV_PYTHON)" || { echo "$(NO_PYTHON)" >&2; exit 1; }
+	test -x $(PY) || $(VENV_PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -c constraints.txt pip wheel setuptools
 	$(PY) -m pip install -q -c constraints.txt -e ".[cpu,test]"
 	touch $@

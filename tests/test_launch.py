@@ -662,3 +662,24 @@ def test_gpu_configs_export_the_normconv_support_the_reference_exports(system):
     """GPU review 3, F4: the reference (config_NF5688M6_common.sh) and NVIDIA's v4.0 24.04 configs export
     MXNET_EXTENDED_NORMCONV_SUPPORT=1, and rn50_mx runs NormConv where MXNet has it."""
     assert sourced(system, 'echo "$MXNET_EXTENDED_NORMCONV_SUPPORT"').stdout.strip() == "1"
+
+
+def test_make_builds_the_venv_with_a_supported_python_or_says_which_work(tmp_path):
+    """MXNet 1.9.1 needs numpy < 1.24, which has no wheels for Python 3.12+: with only a 3.12 on PATH, `make` stops
+    in one line naming the Pythons that work and the two ways on, before creating anything; with a 3.11 beside it,
+    the venv is made with the 3.11."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text('#!/bin/bash\n[ "$1" = -c ] && echo 3.12\n')  # answers like a Python 3.12
+    (fake / "python3").chmod(0o755)
+    venv = tmp_path / "venv"
+    make = [shutil.which("make"), "-C", ROOT, f"VENV={venv}", f"{venv}/.base"]
+    result = subprocess.run(make, env={"PATH": str(fake)}, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and not venv.exists()
+    assert result.stderr.splitlines()[0].startswith("make: rn50-mx needs Python 3.10 or 3.11 (MXNet 1.9.1 needs numpy "
+                                                    "< 1.24, which has no wheels for 3.12 or newer)")
+    assert "install python3.11" in result.stderr and "docker build -t rn50-mx ." in result.stderr
+    os.symlink(os.path.realpath(sys.executable), fake / "python3.11")  # the venv's own 3.11
+    planned = subprocess.run([make[0], "-n", *make[1:]], env={"PATH": str(fake)}, capture_output=True, text=True,
+                             timeout=60)
+    assert f"python3.11 -m venv {venv}" in planned.stdout
