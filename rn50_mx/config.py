@@ -44,13 +44,13 @@ class Settings:
     skip_bad_records: bool = _opt(False, "train: skip a record that does not decode, counting it, instead of "
                                   "stopping (val never skips: the score counts every val image)",
                                   env="RN50_SKIP_BAD_RECORDS")
-    num_classes: int = _opt(1000, "number of classes", env="NUM_CLASSES", low=2)
+    num_classes: int = _opt(1000, "number of classes", env="NUM_CLASSES", low=2, high=100_000)
     num_examples: int = _opt(0, "train images per epoch for the schedule; 0 = size of the train .rec",
-                             env="NUMEXAMPLES", low=0)
+                             env="NUMEXAMPLES", low=0, high=2**31 - 1)
     image_shape: str = _opt("3,224,224", "C,H,W of the network input; C=4 adds a zero channel",
                             env="IMAGE_SHAPE")
     val_resize: int = _opt(256, "val: shorter side before the centre crop (scaled when H is not 224)",
-                           env="VAL_RESIZE", low=1)
+                           env="VAL_RESIZE", low=1, high=4096)
     min_random_area: float = _opt(0.05, "train crop: smallest area fraction", env="MIN_RANDOM_AREA",
                                   low=0.0, high=1.0)
     max_random_area: float = _opt(1.0, "train crop: largest area fraction", env="MAX_RANDOM_AREA",
@@ -62,38 +62,38 @@ class Settings:
 
     # --- DALI (config_NF5688M6*.sh and common/dali.py) ----------------------------------------------------------------
     device: str = _opt("cpu", "where DALI and the model run", env="DEVICE", choices=("cpu", "gpu"))
-    dali_threads: int = _opt(3, "DALI CPU threads per pipeline", env="DALI_THREADS", low=1)
-    dali_prefetch_queue: int = _opt(2, "DALI prefetch queue depth", env="DALI_PREFETCH_QUEUE", low=1)
+    dali_threads: int = _opt(3, "DALI CPU threads per pipeline", env="DALI_THREADS", low=1, high=256)
+    dali_prefetch_queue: int = _opt(2, "DALI prefetch queue depth", env="DALI_PREFETCH_QUEUE", low=1, high=32)
     dali_hw_decoder_load: float = _opt(0.0, "share of the JPEGs (train and val) that the mixed decoder sends to the "
                                        "A100/H100 hardware JPEG decoder (GPU only; the CPU decoder ignores it)",
                                        env="DALI_HW_DECODER_LOAD", low=0.0, high=1.0)
     dali_nvjpeg_memory_padding: int = _opt(64, "nvJPEG host/device memory padding, MiB",
-                                           env="DALI_NVJPEG_MEMPADDING", low=0)
+                                           env="DALI_NVJPEG_MEMPADDING", low=0, high=4096)
     dali_preallocate_width: int = _opt(0, "HW decoder preallocation width hint",
-                                       env="DALI_PREALLOCATE_WIDTH", low=0)
+                                       env="DALI_PREALLOCATE_WIDTH", low=0, high=16384)
     dali_preallocate_height: int = _opt(0, "HW decoder preallocation height hint",
-                                        env="DALI_PREALLOCATE_HEIGHT", low=0)
+                                        env="DALI_PREALLOCATE_HEIGHT", low=0, high=16384)
     dali_roi_decode: bool = _opt(True, "fused decode + random crop (False: decode, then random_resized_crop)",
                                  env="DALI_ROI_DECODE")
     dali_cache_size: int = _opt(0, "decoded-image cache per pipeline, MB (GPU only; 0 = off)",
-                                env="DALI_CACHE_SIZE", low=0)
+                                env="DALI_CACHE_SIZE", low=0, high=1 << 20)
     dali_dont_use_mmap: bool = _opt(False, "read the .rec with plain reads instead of mmap (lustre: 1)",
                                     env="DALI_DONT_USE_MMAP")
-    dali_initial_fill: int = _opt(1024, "reader shuffle buffer", env="DALI_INITIAL_FILL", low=1)
+    dali_initial_fill: int = _opt(1024, "reader shuffle buffer", env="DALI_INITIAL_FILL", low=1, high=1 << 20)
     dali_stick_to_shard: bool = _opt(False, "each rank keeps its shard every epoch", env="DALI_STICK_TO_SHARD")
     dali_num_attempts: int = _opt(10, "random crop attempts before the fallback", env="DALI_NUM_ATTEMPTS",
-                                  low=1)
+                                  low=1, high=1000)
     dali_resize_antialias: bool = _opt(True, "antialias when resizing down (DALI's default; 0 = plain bilinear as "
                                        "ImageRecordIter: a third less CPU per train image, bench/pipeline.py)",
                                        env="DALI_RESIZE_ANTIALIAS")
     dali_tmp_buffer_hint: int = _opt(25273239, "resize temp buffer hint, bytes", env="DALI_TMP_BUFFER_HINT",
-                                     low=0)
+                                     low=0, high=2**31 - 1)
     dali_decoder_buffer_hint: int = _opt(1315942, "decoder bytes per sample hint",
-                                         env="DALI_DECODER_BUFFER_HINT", low=0)
+                                         env="DALI_DECODER_BUFFER_HINT", low=0, high=2**31 - 1)
     dali_crop_buffer_hint: int = _opt(165581, "crop/resize bytes per sample hint",
-                                      env="DALI_CROP_BUFFER_HINT", low=0)
+                                      env="DALI_CROP_BUFFER_HINT", low=0, high=2**31 - 1)
     dali_normalize_buffer_hint: int = _opt(441549, "normalize bytes per sample hint",
-                                           env="DALI_NORMALIZE_BUFFER_HINT", low=0)
+                                           env="DALI_NORMALIZE_BUFFER_HINT", low=0, high=2**31 - 1)
 
     # --- model ------------------------------------------------------------------------------------
     dtype: str = _opt("float32", "compute precision (float16 keeps fp32 master weights)", env="DTYPE",
@@ -102,7 +102,8 @@ class Settings:
                              choices=("NCHW", "NHWC"))
     bn_gamma_init0: bool = _opt(False, "zero-initialise the last BN gamma of each block", env="BN_GAMMA_INIT0")
     omp_num_threads: int = _opt(0, "MXNet's OpenMP threads, read by MXNet when it loads: only the variable sets it "
-                                "(0 = unset: MXNet takes half the logical CPUs)", env="OMP_NUM_THREADS", low=0)
+                                "(0 = unset: MXNet takes half the logical CPUs)", env="OMP_NUM_THREADS", low=0,
+                                high=1024)
     fused_bn: bool = _opt(True, "run BN->ReLU and BN->add->ReLU as one kernel each where MXNet has those kernels "
                           "(NGC builds, NHWC); 0 = separate kernels everywhere", env="RN50_FUSED_BN")
     normconv: bool = _opt(True, "run each bottleneck's conv -> BN (-> add) -> ReLU as NVIDIA's NormConv fusions "
@@ -121,9 +122,9 @@ class Settings:
                                choices=("pow2",))
     warmup_epochs: float = _opt(2.0, "linear warmup length, epochs", env="WARMUP_EPOCHS", low=0.0)
     num_epochs: int = _opt(37, "schedule horizon: the poly(2) decay reaches END_LR here; also the epoch limit "
-                           "unless RN50_MAX_EPOCHS", env="NUMEPOCHS", low=1)
+                           "unless RN50_MAX_EPOCHS", env="NUMEPOCHS", low=1, high=1000)
     max_epochs: int = _opt(0, "epoch limit past the horizon, trained at END_LR (reference runs that converged late "
-                           "did so); 0 = NUMEPOCHS", env="RN50_MAX_EPOCHS", low=0)
+                           "did so); 0 = NUMEPOCHS", env="RN50_MAX_EPOCHS", low=0, high=1000)
     mom: float = _opt(0.9, "momentum", env="MOM", low=0.0, high=1.0)
     wd: float = _opt(5e-5, "weight decay (not on BN parameters and biases)", env="WD", low=0.0)
     lars_eta: float = _opt(0.001, "LARS trust coefficient", env="LARSETA", low=0.0)
@@ -138,8 +139,8 @@ class Settings:
     # --- evaluation and stop (mlperf_fit in common/fit.py) ------------------------------------------------------------
     bn_stats_allreduce: bool = _opt(False, "average the BatchNorm running statistics over ranks before each eval "
                                     "(NVIDIA's v4.0 code; the v1.0 submission did not)", env="RN50_BN_STATS_ALLREDUCE")
-    eval_period: int = _opt(4, "evaluate every N epochs", env="EVAL_PERIOD", low=1)
-    eval_offset: int = _opt(2, "first eval after epoch offset+1 (0-based offset)", env="EVAL_OFFSET", low=0)
+    eval_period: int = _opt(4, "evaluate every N epochs", env="EVAL_PERIOD", low=1, high=100)
+    eval_offset: int = _opt(2, "first eval after epoch offset+1 (0-based offset)", env="EVAL_OFFSET", low=0, high=99)
     accuracy_threshold: float = _opt(0.759, "stop when top-1 reaches this", env="ACCURACY_THRESHOLD",
                                      low=0.0, high=1.0)
     eval_last_epoch: bool = _opt(False, "also evaluate the last epoch when the schedule does not (off the MLPerf "
@@ -152,10 +153,10 @@ class Settings:
                          env="KVSTORE", choices=("device", "local", "horovod"))
     horovod_num_groups: int = _opt(1, "Horovod: gradient allreduce calls per step, each grouping its share of the "
                                    "tensors (0 = one call per tensor, fused by Horovod)",
-                                   env="MXNET_HOROVOD_NUM_GROUPS", low=0)
-    disp_batches: int = _opt(20, "progress line every N steps", env="DISP_BATCHES", low=1)
+                                   env="MXNET_HOROVOD_NUM_GROUPS", low=0, high=1024)
+    disp_batches: int = _opt(20, "progress line every N steps", env="DISP_BATCHES", low=1, high=1_000_000)
     exit_timeout: int = _opt(90, "seconds a process may take to exit after run_stop before SIGALRM ends it",
-                             env="RN50_EXIT_TIMEOUT", low=1)
+                             env="RN50_EXIT_TIMEOUT", low=1, high=86_400)
     cache_cleared: bool = _opt(False, "the launcher dropped the page cache before this run (logged as cache_clear)",
                                env="CACHE_CLEARED")
     mllog_file: str = _opt("", "also write the MLPerf log to this file", env="MLLOG_FILE")
@@ -163,7 +164,7 @@ class Settings:
                                "resumes from it exactly; SIGTERM or SIGUSR1 then write one and stop (exit 75); "
                                "empty = no checkpoints, signals end the run at once", env="RN50_CHECKPOINT_DIR")
     checkpoint_every: int = _opt(0, "with --checkpoint-dir: also write a checkpoint every N epochs (0 = only when "
-                                 "a signal asks the run to stop)", env="RN50_CHECKPOINT_EVERY", low=0)
+                                 "a signal asks the run to stop)", env="RN50_CHECKPOINT_EVERY", low=0, high=1000)
     save_model: str = _opt("", "when the run ends, write its final parameters and hybridized symbol as "
                            "PATH-0000.params and PATH-symbol.json (for python -m rn50_mx.evaluate --model PATH)",
                            env="RN50_SAVE_MODEL")
@@ -172,8 +173,8 @@ class Settings:
                                     "rules forbid (python -m rn50_mx.search --mode open sets it)",
                                     env="SUBMISSION_DIVISION", choices=("closed", "open"))
     dgxsystem: str = _opt("CPU", "system name, as in config/<SYSTEM>.sh", env="DGXSYSTEM")
-    dgxnnodes: int = _opt(1, "number of nodes", env="DGXNNODES", low=1)
-    dgxngpu: int = _opt(1, "processes (devices) per node", env="DGXNGPU", low=1)
+    dgxnnodes: int = _opt(1, "number of nodes", env="DGXNNODES", low=1, high=4096)
+    dgxngpu: int = _opt(1, "processes (devices) per node", env="DGXNGPU", low=1, high=64)
 
     # --- derived values -------------------------------------------------------------------------------
     @property
@@ -367,7 +368,8 @@ def _parser(prog):
     parser = Parser(prog=prog, description="MLPerf ResNet-50 training with MXNet Gluon, DALI and Horovod")
     for f in FIELDS.values():
         env = f.metadata["env"]
-        help_text = f.metadata["help"] + (f" [env {env}]" if env else "") + f" (default {f.default})"
+        shown = f"(default {f.default})" if f.default not in ("", None) else "(default: none)"
+        help_text = f.metadata["help"] + (f" [env {env}]" if env else "") + " " + shown
         parser.add_argument(flag_name(f.name), dest=f.name, metavar=f.name.upper(), default=None,
                             help=help_text)
     return parser

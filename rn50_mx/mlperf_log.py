@@ -5,9 +5,13 @@ logs). The keys
 and their order follow the NF5688M6 log; `python -m mlperf_logging.compliance_checker --usage training
 --ruleset 1.0.0 LOG` accepts what this module writes.
 """
+import logging
+import sys
+
 from mlperf_logging import mllog
 from mlperf_logging.mllog import constants as K
 
+from .errors import InputError
 from .files import continued_log, new_log
 
 _logger = mllog.get_mllogger()
@@ -27,7 +31,20 @@ def configure(rank, filename="", resumes=None):
         else:
             _file_lock = new_log(filename)
         mllog.config(filename=filename)
+        for handler in _logger.logger.handlers:
+            if isinstance(handler, logging.FileHandler):
+                handler.handleError = unwritable(filename)
     mllog.config(default_stack_offset=2)
+
+
+def unwritable(filename):
+    """A log handler's handleError that stops the run. Python's logging prints a traceback for a line it cannot
+    write and carries on, so a full disk left a log without run_stop and a run that exited 0."""
+    def stop(record):
+        err = sys.exc_info()[1]
+        raise InputError(f"{filename}: cannot write the MLPerf log ({getattr(err, 'strerror', None) or err}); the "
+                         "run stops: its log would not hold the whole run")
+    return stop
 
 
 def is_rank0():

@@ -83,7 +83,8 @@ def find_logs(paths):
     found = []
     for path in paths:
         if os.path.isdir(path):
-            inside = sorted(glob.glob(os.path.join(path, "*.log")) + glob.glob(os.path.join(path, "result_*.txt")))
+            named = glob.glob(os.path.join(path, "*.log")) + glob.glob(os.path.join(path, "result_*.txt"))
+            inside = sorted(p for p in named if os.path.isfile(p))  # a folder named x.log is not a log
             if not inside:
                 raise InputError(f"{path}: directory has no *.log or result_*.txt files")
             found += inside

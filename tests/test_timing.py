@@ -226,3 +226,14 @@ def test_the_mlperf_facts_agree_with_mlperf_logging():
 
     from rn50_mx import mlperf_rules
     assert get_result_file_counts(mlperf_rules.USAGE)[mlperf_rules.BENCHMARK] == mlperf_rules.RUNS_NEEDED
+
+
+def test_a_folder_named_like_a_log_is_not_read(tmp_path):
+    """A results folder holding a folder named x.log (a user's, or a checkpoint folder): timing scores the logs
+    beside it instead of ending in IsADirectoryError."""
+    shutil.copy(FIXTURE / "result_1.txt", tmp_path / "run1.log")
+    (tmp_path / "x.log").mkdir()
+    assert timing.find_logs([str(tmp_path)]) == [str(tmp_path / "run1.log")]
+    result = subprocess.run([sys.executable, "-m", "rn50_mx.timing", str(tmp_path)], capture_output=True, text=True,
+                            env={**os.environ, **PYTHONPATH}, timeout=300)
+    assert result.returncode == 0 and "run1.log" in result.stdout and "Traceback" not in result.stderr

@@ -320,3 +320,24 @@ def test_a_process_that_hangs_after_run_stop_is_ended_by_its_alarm(tmp_path):
                             timeout=120)
     assert result.returncode == -signal.SIGALRM, result.stderr[-3000:]
     assert values(events(log), "run_stop", "status") == ["aborted"]
+
+
+def test_an_mlperf_log_that_cannot_be_written_stops_the_run_in_one_line(three_classes, tmp_path):
+    """A full disk under --mllog-file: Python's logging printed a traceback per lost line and the run went on to exit
+    0 with a log that has no run_stop. Now the first line that cannot be written stops the run: one line, exit 2."""
+    full = tmp_path / "full"
+    full.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12k", "tmpfs", str(full)], check=True)
+    try:
+        result = run_train([f"--data-train={three_classes}/train.rec", f"--data-val={three_classes}/val.rec",
+                            "--num-classes=3", "--image-shape=3,32,32", "--batch-size=4", "--num-examples=24",
+                            "--num-epochs=2", "--warmup-epochs=1", "--eval-offset=0", "--eval-period=1",
+                            "--dali-threads=1", f"--mllog-file={full}/run.log"])
+        written = (full / "run.log").read_text()
+    finally:
+        subprocess.run(["umount", str(full)], check=True)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"rn50_mx.train: error: {full}/run.log: cannot write the MLPerf log (No space left on device); the run "
+        "stops: its log would not hold the whole run")
+    assert "Traceback" not in result.stderr and "run_stop" not in written
