@@ -39,19 +39,47 @@ trial_settings() {
     RESUME_STATE="${LOGDIR}/${DATESTAMP}.resume"
     resume_trial=0 resume_seed=0 used_seeds=" " failed=()  # the trial loop's state, unless a stopped trial resumes
     if [[ -f "$RESUME_STATE" ]]; then
-        # shellcheck source=/dev/null  # written by stopped_resumable below
-        source "$RESUME_STATE" || die "${RESUME_STATE}: unreadable; remove it to start the trials anew"
+        read_resume_state
     elif compgen -G "${LOGDIR}/${DATESTAMP}_*.log" >/dev/null; then
         die "LOGDIR=${LOGDIR}: holds logs of DATESTAMP=${DATESTAMP} already; they are kept (choose another DATESTAMP)"
     fi
 }
 
-# Trial $1 (seed $2) stopped resumable: what the next launch needs to resume it (the trial loop's own variables).
+# Trial $1 (seed $2) stopped resumable: what the next launch needs to resume it (the trial loop's own variables), as
+# data: read_resume_state takes these four lines of numbers and nothing else.
 stopped_resumable() {
-    if ! { printf 'resume_trial=%d\nresume_seed=%d\nused_seeds=%q\nfailed=(%s)\n' "$1" "$2" "$used_seeds" \
+    local seeds
+    read -r -a seeds <<<"$used_seeds"
+    if ! { printf 'resume_trial=%d\nresume_seed=%d\nused_seeds=%s\nfailed=%s\n' "$1" "$2" "${seeds[*]}" \
                "${failed[*]}" >"${RESUME_STATE}.tmp" && mv "${RESUME_STATE}.tmp" "$RESUME_STATE"; } 2>/dev/null; then
         say_error "cannot write ${RESUME_STATE}: a later launch starts the trials anew"
     fi
+}
+
+# The state stopped_resumable wrote, read as data (never run: a results folder is often shared and mounted into the
+# container): resume_trial and resume_seed a number each, used_seeds and failed numbers separated by spaces; any other
+# line, or a trial above NEXP, is one line.
+read_resume_state() {
+    local line key value n=0
+    while IFS= read -r line || [[ -n "$line" ]]; do
+        n=$((n + 1))
+        key=${line%%=*} value=${line#*=}
+        case "$key" in
+            resume_trial|resume_seed) [[ "$line" == *=* && "$value" =~ ^[0-9]{1,10}$ ]] ;;
+            used_seeds|failed) [[ "$line" == *=* && "$value" =~ ^[0-9\ ]*$ ]] ;;
+            *) false ;;
+        esac || die "${RESUME_STATE}: line ${n} is not the launcher's state (${line:0:60}); remove the file to start" \
+            "the trials anew"
+        case "$key" in
+            resume_trial) resume_trial=$((10#$value)) ;;
+            resume_seed) resume_seed=$((10#$value)) ;;
+            used_seeds) used_seeds=" ${value} " ;;
+            failed) read -r -a failed <<<"$value" ;;
+        esac
+    done <"$RESUME_STATE"
+    (( resume_trial >= 1 && resume_trial <= NEXP )) || \
+        die "${RESUME_STATE}: resumes trial ${resume_trial}, not one of NEXP=${NEXP}; remove the file to start the" \
+            "trials anew"
 }
 
 # Sources $1's fragments, config/<SYSTEM>_tuned.sh (`python -m rn50_mx.tune` writes it) then

@@ -18,7 +18,7 @@ from typing import Callable
 import psutil
 import pytest
 
-from conftest import ENV_PATH, PYTHONPATH, ROOT, write_jpeg_tree
+from conftest import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, write_jpeg_tree
 from rn50_mx import prep_rec
 
 FIXTURE_LOGS = sorted(glob.glob(os.path.join(ROOT, "tests", "data", "inspur_nf5688m6", "result_*.txt")))
@@ -410,6 +410,27 @@ def test_the_next_launch_resumes_the_stopped_trial_in_its_log(shared, tmp_path):
     assert text.startswith(stopped + "\nResuming trial 1 of 3\n"), text[len(stopped) - 200:]
     seeds = re.findall(r"^seed (\d+)$", text, re.M)
     assert len(seeds) == 2 and seeds[0] == seeds[1], seeds
+
+
+@pytest.mark.parametrize("state, says", [
+    ("resume_trial=1\nresume_seed=7\ntouch {marker}\n", "line 3 is not the launcher's state (touch "),
+    ("resume_trial=$(touch {marker})\n", "line 1 is not the launcher's state (resume_trial=$(touch "),
+    ("resume_trial=1\nresume_seed=7\nused_seeds=7; touch {marker}\nfailed=\n", "line 3 is not the launcher's state"),
+    ("resume_trial=9\nresume_seed=7\nused_seeds=7\nfailed=\n", "resumes trial 9, not one of NEXP=3"),
+])
+def test_the_resume_state_is_read_as_data_never_run(shared, tmp_path, state, says):
+    """LOGDIR/DATESTAMP.resume (a results folder, often shared and mounted into the container) was `source`d by the
+    launcher: text planted in it ran on the host. It is read as the four lines of numbers the launcher writes; any
+    other line, or a trial above NEXP, is one line and no trial runs."""
+    marker = tmp_path / "ran"
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "r.resume").write_text(state.format(marker=marker))
+    env = {**TINY, "DATADIR": shared["data"], "LOGDIR": str(tmp_path / "logs"), "NEXP": "3", "DATESTAMP": "r"}
+    command, _ = launcher("./run_with_docker.sh", env)
+    result = run(command, site(tmp_path, RESUMABLE))
+    assert result.returncode == 2 and not marker.exists()
+    assert_one_line_naming(result, f"run_with_docker.sh: {tmp_path}/logs/r.resume: {says}")
+    assert files_in(tmp_path / "logs") == ["r.resume"]
 
 
 @pytest.mark.slow
