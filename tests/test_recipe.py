@@ -248,3 +248,28 @@ def test_shipped_configs_walltime_covers_every_trial(system):
     walltime = [int(bash(f"set -eu; NEXP={nexp}; source config/{system}.sh; echo $WALLTIME").stdout)
                 for nexp in ("1", "5")]
     assert walltime[1] - walltime[0] == 4 * (walltime[0] - 10) and walltime[0] >= 50
+
+
+@pytest.mark.parametrize("system", ["x\ntouch {marker}", "../escaped", "a b", "-x", ""])
+def test_a_config_name_that_is_not_a_name_is_one_line(config_dir, tmp_path, system):
+    """--system names config/<NAME>.sh, which the launchers source: a newline became a shell line in it, ../ wrote
+    outside --config-dir."""
+    marker = tmp_path / "ran"
+    result = run_recipe(config_dir, "--nodes", "1", "--gpus-per-node", "4", f"--system={system.format(marker=marker)}")
+    assert_one_line_naming(result, "--system")
+    assert os.listdir(config_dir) == ["A100x8_common.sh"] and not os.path.exists(tmp_path.parent / "escaped.sh")
+
+
+def test_the_command_in_the_config_s_comment_stays_one_line(tmp_path):
+    """Every argument lands in the written config's comment, quoted and on one line: an odd --config-dir (with a
+    newline) neither breaks the comment nor runs anything when the config is sourced."""
+    folder = tmp_path / "cfg\ntouch ran"
+    folder.mkdir()
+    shutil.copy(os.path.join(ROOT, "config", "A100x8_common.sh"), folder)
+    result = run_recipe(folder, "--nodes", "1", "--gpus-per-node", "4", "--system", "ODD")
+    assert result.returncode == 0, result.stderr
+    text = (folder / "ODD.sh").read_text()
+    [comment] = [line for line in text.splitlines() if "rn50_mx.recipe" in line and line.startswith("# written by")]
+    assert "cfg\\ntouch ran" in comment
+    assert bash(f"cd {tmp_path} && source '{folder / 'ODD.sh'}' >/dev/null").returncode == 0
+    assert not (tmp_path / "ran").exists()

@@ -13,6 +13,8 @@ smallest RCP (1632) it starts from a published MLPerf run that converged (PUBLIS
 checker's closed-division rules reject is an error, not a config.
 """
 import os
+import re
+import shlex
 import sys
 
 from .. import anchors, config, memory
@@ -61,9 +63,19 @@ def parse_args(argv=None):
         raise InputError(f"--gpu-memory={args.gpu_memory}: must be a number of GiB > 0")
     if args.img_per_sec_per_gpu is not None and args.img_per_sec_per_gpu <= 0:
         raise InputError(f"--img-per-sec-per-gpu={args.img_per_sec_per_gpu}: must be > 0")
+    if args.system is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", args.system):
+        raise InputError(f"--system {args.system!r}: a config name is letters, digits, '.', '_' and '-' (it names "
+                         "config/<NAME>.sh and the launchers' DGXSYSTEM)")
     if not os.path.isfile(os.path.join(args.config_dir, "A100x8_common.sh")):
         raise InputError(f"--config-dir {args.config_dir}: no A100x8_common.sh there (run from the rn50-mx checkout)")
     return args
+
+
+def shown_command(argv):
+    """The command line for the config's comment: quoted as a shell would need it, and on one line whatever the
+    arguments hold (a newline in a comment would start a shell line in the config the launchers source)."""
+    text = shlex.join(["python", "-m", "rn50_mx.recipe", *argv])
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 def main(argv=None):
@@ -77,7 +89,7 @@ def main(argv=None):
         speed, speed_source = gpu.img_per_s, f"{gpu.label} in the MLPerf logs"
     name = args.system or f"custom_{recipe.nodes}x{recipe.gpus_per_node}x{recipe.batch_per_gpu}"
     path = os.path.join(args.config_dir, name + ".sh")
-    command = " ".join(["python -m rn50_mx.recipe"] + (sys.argv[1:] if argv is None else argv))
+    command = shown_command(sys.argv[1:] if argv is None else argv)
     cores_per_gpu = max(1, args.cores_per_node // recipe.gpus_per_node)
     write_config(path, config_text(recipe, command, speed, gpu, cores_per_gpu), args.force)
     print(describe(recipe, speed, speed_source))
