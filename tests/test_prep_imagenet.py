@@ -18,6 +18,8 @@ from PIL import Image
 
 import imagenet_archives as ia
 from rn50_mx import prep_rec
+from rn50_mx.errors import InputError
+from rn50_mx.prep_rec import layouts, tars
 
 from test_prep_rec import assert_one_line_error, cli, file_bytes, read_records
 
@@ -291,3 +293,44 @@ def test_jpeg_components_agree_with_pillow(progressive):
         with Image.open(io.BytesIO(out.getvalue())) as img:
             assert jpeg_components(out.getvalue()) == len(img.getbands()) == {"L": 1, "RGB": 3, "CMYK": 4}[mode]
     assert jpeg_components(b"\xff\xd8\xff\xe0\x00") is None
+
+
+def test_a_tar_holding_two_members_of_one_name_is_one_line(tmp_path):
+    """Two val members of one name took the second's label and both were packed: refused, naming the archive."""
+    path = tmp_path / "ILSVRC2012_img_val.tar"
+    with tarfile.open(path, "w") as tar:
+        for data in (b"first", b"second"):
+            info = tarfile.TarInfo("ILSVRC2012_val_00000001.JPEG")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    fd, size = tars.open_archive(str(path))
+    try:
+        with pytest.raises(InputError, match=r"ILSVRC2012_img_val\.tar: holds two members named "
+                                             r"'ILSVRC2012_val_00000001\.JPEG'"):
+            tars.members(fd, 0, size, str(path))
+    finally:
+        os.close(fd)
+
+
+def test_a_devkit_member_larger_than_a_devkit_file_is_refused_before_it_is_read(tmp_path):
+    """The devkit's members were read whole whatever their size (a small archive holding a 3 GB member took 3 GB of
+    memory): the header's size is checked first."""
+    path = tmp_path / "ILSVRC2012_devkit_t12.tar.gz"
+    huge = tars.SMALL_FILE_LIMIT + 1
+    with tarfile.open(path, "w:gz", compresslevel=1) as tar:
+        info = tarfile.TarInfo("ILSVRC2012_devkit_t12/data/meta.mat")
+        info.size = huge
+        tar.addfile(info, io.BytesIO(bytes(huge)))
+    with pytest.raises(InputError, match=r"member 'ILSVRC2012_devkit_t12/data/meta\.mat' has \d+ bytes, more than"):
+        tars.small_files(str(path), ("meta.mat",))
+
+
+def test_kaggle_s_csv_with_a_byte_order_mark_is_read(tmp_path):
+    """A CSV saved with a byte-order mark was refused with "expected the header 'ImageId,PredictionString'" although
+    its header reads exactly that."""
+    path = tmp_path / "LOC_val_solution.csv"
+    path.write_text("\ufeffImageId,PredictionString\nILSVRC2012_val_00000001,n01751748 1 2 3 4\n", encoding="utf-8")
+    assert layouts.label_by_kaggle_csv(str(path)) == {"ILSVRC2012_val_00000001.JPEG": "n01751748"}
+    path.write_text("Image,Prediction\n", encoding="utf-8")
+    with pytest.raises(InputError, match=r"expected the header 'ImageId,PredictionString', got 'Image,Prediction'"):
+        layouts.label_by_kaggle_csv(str(path))

@@ -142,12 +142,13 @@ def label_by_kaggle_csv(path):
     the WNID."""
     labels = {}
     try:
-        with open(path, newline="") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:  # Excel and others write a byte-order mark
             rows = list(csv.reader(f))
     except (OSError, UnicodeDecodeError, csv.Error) as err:
         raise InputError(f"{path}: cannot read as CSV ({err})") from None
     if not rows or rows[0][:2] != ["ImageId", "PredictionString"]:
-        raise InputError(f"{path}: expected the header 'ImageId,PredictionString'")
+        got = ",".join(rows[0]) if rows else ""
+        raise InputError(f"{path}: expected the header 'ImageId,PredictionString', got {got!r}")
     for number, row in enumerate(rows[1:], 2):
         if len(row) != 2 or not row[0] or not row[1].split():
             raise InputError(f"{path}:{number}: expected 'ImageId,WNID ...', got {','.join(row)[:80]!r}")

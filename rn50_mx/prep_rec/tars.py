@@ -8,11 +8,12 @@ for, and keeps its offsets relative to where it started, which a Window makes th
 import io
 import os
 import tarfile
-from collections import namedtuple
+from collections import Counter, namedtuple
 
 from ..errors import InputError
 
 Member = namedtuple("Member", "name offset size")  # offset: of the member's data, from the start of the file
+SMALL_FILE_LIMIT = 64 << 20  # the devkit's meta.mat is about 2.5 MB, its ground truth 0.3 MB
 END_OF_ARCHIVE = 2 * tarfile.BLOCKSIZE  # two zero blocks end every tar
 
 
@@ -66,6 +67,10 @@ def members(fd, start, size, name):
         raise InputError(f"{name}: not a tar ({err})") from None
     if end + END_OF_ARCHIVE > size:
         raise InputError(truncated)
+    names = Counter(m.name for m in found)
+    twice = next((n for n, count in names.items() if count > 1), None)
+    if twice is not None:  # both would be packed, and a label keyed by name would be given to both
+        raise InputError(f"{name}: holds two members named {twice!r}; an archive of ImageNet names each image once")
     return found
 
 
@@ -104,6 +109,9 @@ def small_files(path, wanted):
             for info in tar:
                 suffix = next((w for w in wanted if info.name.endswith(w)), None)
                 if suffix and info.isfile():
+                    if info.size > SMALL_FILE_LIMIT:  # the header says so before a byte is read
+                        raise InputError(f"{path}: member {info.name!r} has {info.size} bytes, more than the "
+                                         f"{SMALL_FILE_LIMIT >> 20} MiB a devkit file has; not the devkit")
                     found[suffix] = tar.extractfile(info).read()
     except (tarfile.TarError, EOFError, OSError) as err:
         raise InputError(f"{path}: cannot read as a tar ({err})") from None
