@@ -34,23 +34,24 @@ def os_error(path, err, doing="write"):
     return InputError(f"{path}: cannot {doing} ({err.strerror or err})")
 
 
-def lock_file(path):
-    """An open descriptor holding an exclusive flock on `path` (created when missing), or an InputError: another
-    process holds it, or `path` cannot be created (read-only or full disk, missing folder)."""
-    fd = try_lock(path)
+def lock_file(path, output=None):
+    """An open descriptor holding an exclusive flock on `path` (created when missing), or an InputError naming
+    `output` (the file the lock guards; default `path`): another process holds it, or the lock cannot be created
+    (read-only or full disk, missing folder)."""
+    fd = try_lock(path, output)
     if fd is None:
-        raise InputError(f"{path}: another process is writing this output now; wait for it to end or "
+        raise InputError(f"{output or path}: another process is writing this output now; wait for it to end or "
                          "choose another output")
     return fd
 
 
-def try_lock(path):
+def try_lock(path, output=None):
     """lock_file's descriptor, or None when another process holds the lock."""
     while True:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as err:
-            raise os_error(path, err, "create") from None
+            raise os_error(output or path, err, "write") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -75,7 +76,7 @@ def owned(path):
     if lock in _owned:
         yield
         return
-    fd = lock_file(lock)
+    fd = lock_file(lock, path)  # a refusal names the output the user gave, not our lock file
     _owned.add(lock)
     try:
         yield

@@ -431,7 +431,7 @@ def test_save_model_is_checked_and_owned_before_the_run(tmp_path):
 
     (tmp_path / "file").write_text("")
     result = train(tmp_path / "file" / "model")
-    assert_one_line_naming(result, f"{tmp_path}/file/model.lock: cannot create")
+    assert_one_line_naming(result, f"{tmp_path}/file/model: cannot write")
     assert "run_start" not in result.stdout + result.stderr
     (tmp_path / "model-0000.params").write_bytes(b"old")
     result = train(tmp_path / "model")

@@ -169,7 +169,7 @@ PROBES = [
           lambda tmp, sh: (py("rn50_mx.train", "--synthetic", "1", "--num-examples", "8", "--batch-size", "4",
                               "--num-epochs", "1", "--warmup-epochs", "0", "--eval-offset", "0",
                               "--image-shape", "3,32,32", "--num-classes", "3", "--mllog-file", tmp), {}),
-          r"^rn50_mx\.train: error: .*: cannot create \(Is a directory\)"),
+          r"^rn50_mx\.train: error: .*: cannot write \(Is a directory\)"),
     # 7. near misses
     Probe("BATCHSIZ=8", lambda tmp, sh: (py("rn50_mx.check"), {"BATCHSIZ": "8"}),
           r"^rn50_mx\.check: error: BATCHSIZ: not a variable rn50_mx reads; did you mean BATCHSIZE\?"),
@@ -224,7 +224,7 @@ def test_full_disk_pack_is_one_line_and_leaves_no_temporaries(shared, tmp_path):
 def test_read_only_outputs_are_one_line_before_any_work(shared, tmp_path):
     with mounted(tmp_path / "ro", "ro,size=64k") as ro:
         pack = run(py("rn50_mx.prep_rec", "pack", shared["jpegs"], f"{ro}/train"))
-        assert pack.stderr.strip() == f"prep_rec: error: {ro}/train.rec.lock: cannot create (Read-only file system)"
+        assert pack.stderr.strip() == f"prep_rec: error: {ro}/train.rec: cannot write (Read-only file system)"
         logs = run(*launcher("./run_with_docker.sh", {**TINY, "DATADIR": shared["data"], "LOGDIR": ro}))
         assert logs.returncode == 2, logs.stderr[-2000:]
         assert logs.stderr.strip().splitlines()[-1] == (f"run_with_docker.sh: LOGDIR={ro}: not writable (the logs "
@@ -234,11 +234,11 @@ def test_read_only_outputs_are_one_line_before_any_work(shared, tmp_path):
                        "--num-epochs", "1", "--warmup-epochs", "0", "--eval-offset", "0", "--image-shape", "3,32,32",
                        "--num-classes", "3", "--mllog-file", f"{ro}/mlperf.log"))
         assert train.returncode == 2 and train.stderr.strip() == (
-            f"rn50_mx.train: error: {ro}/mlperf.log: cannot create (Read-only file system)")
+            f"rn50_mx.train: error: {ro}/mlperf.log: cannot write (Read-only file system)")
         tune = run(*launcher(f"python -m rn50_mx.tune --budget 1 --steps 1 --rounds 1 --out {ro} --data-train "
                              f"{shared['data']}/train.rec", {**TINY, "BATCHSIZE": "2"}))
         assert tune.returncode == 2 and tune.stderr.strip() == (
-            f"rn50_mx.tune: error: {ro}/CPU_tuned.sh.lock: cannot create (Read-only file system)")
+            f"rn50_mx.tune: error: {ro}/CPU_tuned.sh: cannot write (Read-only file system)")
         assert "stopped:" not in tune.stdout  # no search ran
         assert files_in(ro) == []
 
@@ -265,7 +265,7 @@ def test_two_packs_into_one_prefix_one_is_refused_and_the_old_set_survives(share
     try:
         second = run(py("rn50_mx.prep_rec", "pack", shared["jpegs"], out, "--force"))
         assert second.returncode == 2 and second.stderr.strip() == (
-            f"prep_rec: error: {out}.rec.lock: another process is writing this output now; wait for it to end or "
+            f"prep_rec: error: {out}.rec: another process is writing this output now; wait for it to end or "
             "choose another output")
         first.send_signal(signal.SIGTERM)  # 4. a pack stopped while a worker's read blocks ends at once
         assert first.wait(timeout=20) == 130 and first.stderr.read().strip() == "prep_rec: interrupted"

@@ -334,3 +334,18 @@ def test_kaggle_s_csv_with_a_byte_order_mark_is_read(tmp_path):
     path.write_text("Image,Prediction\n", encoding="utf-8")
     with pytest.raises(InputError, match=r"expected the header 'ImageId,PredictionString', got 'Image,Prediction'"):
         layouts.label_by_kaggle_csv(str(path))
+
+
+def test_an_unwritable_output_is_refused_before_any_archive_is_read(tmp_path):
+    """The outputs are owned before the archives are read (with --check-md5 a 155 GB read): here the archives are
+    FIFOs, which a read would wait on forever; the old order read them first."""
+    src = tmp_path / "raw"
+    src.mkdir()
+    for name in ("ILSVRC2012_img_train.tar", "ILSVRC2012_img_val.tar", "ILSVRC2012_devkit_t12.tar.gz"):
+        os.mkfifo(src / name)
+    try:
+        result = subprocess.run([sys.executable, "-m", "rn50_mx.prep_rec", "imagenet", str(src), "/proc/rn50/out"],
+                                capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the archives were read before the output was checked")
+    assert_one_line_error(result, "/proc/rn50/out: cannot create")

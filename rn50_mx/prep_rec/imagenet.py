@@ -7,6 +7,7 @@ tree (val sorted into WNID folders) with the same seed, so the archives and thei
 re-encoded as RGB JPEG at quality 100 as the MLPerf reference's preprocessing does, unless keep_odd_bytes; every
 other file's bytes are kept.
 """
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -15,7 +16,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import InputError
-from ..files import read_bytes, refuse_existing
+from ..files import os_error, owned, read_bytes, refuse_existing
 from ..mlperf_rules import IMAGENET_CLASSES
 from . import layouts, tars
 from .folders import IM2REC_SEED, shuffled
@@ -116,22 +117,46 @@ def pack_imagenet(src, out_dir, *, classes=IMAGENET_CLASSES, md5=False, keep_odd
                   shuffle=True, seed=IM2REC_SEED, workers=8, progress=None, skip_bad=False, on_found=print,
                   on_split=None, force=False):
     """SRC -> OUT_DIR/{val,train}.{lst,rec,idx} (val first: the small one). on_found gets the line saying which
-    layout SRC holds, on_split each split's Summary when it is written. Returns the (train, val) Summaries."""
-    for split in ("val", "train"):  # before any reading: neither split replaces an existing set unasked
-        refuse_existing(os.path.join(out_dir, split) + ".rec", force, "packed set")
-    if md5 and not all(os.path.isfile(os.path.join(src, name)) for name in MD5):
-        raise InputError(f"{src}: --check-md5 checks the official archives {', '.join(MD5)}, which are not all here")
-    if md5:
-        check_md5(src, progress)
-    found = layouts.find(src, workers, progress)
-    on_found(found.layout)
-    check(found, src, classes)
-    labels = {wnid: label for label, wnid in enumerate(sorted({e.wnid for e in found.train}))}
-    options = dict(shuffle=shuffle, seed=seed, keep_odd_bytes=keep_odd_bytes, workers=workers, progress=progress, skip_bad=skip_bad,
-                   force=force)
-    summaries = []
-    for split in ("val", "train"):
-        summaries.append(pack_split(getattr(found, split), labels, os.path.join(out_dir, split), **options))
-        if on_split:
-            on_split(summaries[-1])
-    return summaries[::-1]
+    layout SRC holds, on_split each split's Summary when it is written. Returns the (train, val) Summaries.
+    Both outputs are owned before any archive is read (with --check-md5 a 155 GB read): an unwritable OUT_DIR or a
+    second writer is one line at once."""
+    with owned_outputs(out_dir, force):
+        if md5 and not all(os.path.isfile(os.path.join(src, name)) for name in MD5):
+            raise InputError(f"{src}: --check-md5 checks the official archives {', '.join(MD5)}, which are not all here")
+        if md5:
+            check_md5(src, progress)
+        found = layouts.find(src, workers, progress)
+        on_found(found.layout)
+        check(found, src, classes)
+        labels = {wnid: label for label, wnid in enumerate(sorted({e.wnid for e in found.train}))}
+        options = dict(shuffle=shuffle, seed=seed, keep_odd_bytes=keep_odd_bytes, workers=workers,
+                       progress=progress, skip_bad=skip_bad, force=force)
+        summaries = []
+        for split in ("val", "train"):
+            summaries.append(pack_split(getattr(found, split), labels, os.path.join(out_dir, split), **options))
+            if on_split:
+                on_split(summaries[-1])
+        return summaries[::-1]
+
+
+@contextlib.contextmanager
+def owned_outputs(out_dir, force):
+    """OUT_DIR/val.rec and train.rec owned (rn50_mx/files.py) for the duration, and neither replacing an existing set
+    unasked: checked before any reading. An OUT_DIR made here is removed again when the packing fails with it empty."""
+    made = not os.path.isdir(out_dir)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as err:
+        raise os_error(out_dir, err, "create") from None
+    try:
+        with contextlib.ExitStack() as outputs:
+            for split in ("val", "train"):
+                rec = os.path.join(out_dir, split) + ".rec"
+                outputs.enter_context(owned(rec))
+                refuse_existing(rec, force, "packed set")
+            yield
+    except BaseException:
+        if made:
+            with contextlib.suppress(OSError):
+                os.rmdir(out_dir)
+        raise
