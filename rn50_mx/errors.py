@@ -3,6 +3,8 @@ import os
 import sys
 import threading
 
+from . import children
+
 
 class InputError(Exception):
     """Bad input from the user: the message names the file (or setting) and the problem, on one line."""
@@ -17,7 +19,8 @@ def run_cli(main, prog):
     except InputError as err:
         quit_now(f"{prog}: error: {err}", 2)
     except KeyboardInterrupt:
-        quit_now(f"{prog}: interrupted", 130)
+        stopped = children.stop_all()
+        quit_now(f"{prog}: interrupted" + (f"; its {stopped} child process group(s) stopped" if stopped else ""), 130)
     sys.exit(code or 0)
 
 

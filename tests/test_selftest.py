@@ -2,10 +2,14 @@
 Fashion-MNIST: every check runs and passes (the allreduce across 2 Gloo processes), a check that fails says why in
 its row and sets the exit code, and missing data stop it in one line before any check."""
 import re
+import signal
+import subprocess
+import time
 
+import psutil
 import pytest
 
-from conftest import assert_one_line_naming, sourced
+from conftest import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, sourced
 from rn50_mx import prep_rec
 
 
@@ -129,3 +133,36 @@ def test_one_gpu_per_process_from_nvidia_smis_answers():
         checks.gpu_contexts(4242, "")
     with pytest.raises(Skipped, match="CPU run"):
         checks.one_gpu(Settings())
+
+
+@pytest.mark.slow
+def test_sigterm_ends_the_self_test_and_its_horovodrun_ranks(fashion, tmp_path):
+    """SIGTERM while the allreduce check runs horovodrun with 2 ranks: the self-test ends in one line and takes
+    horovodrun and both ranks with it (they ran on under init before)."""
+    out = tmp_path / "out.txt"
+    with open(out, "w") as f:
+        proc = subprocess.Popen(["bash", "-c", f"source config/CPU.sh && exec python -m rn50_mx.selftest {fashion} "
+                                 "--ranks 2 --steps 1"], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                                env={"PATH": ENV_PATH, **PYTHONPATH}, start_new_session=True)
+
+    def workers():
+        found = []
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                if "--allreduce-worker" in (p.info["cmdline"] or []):
+                    found.append(p)
+            except psutil.Error:
+                pass
+        return found
+
+    deadline = time.time() + 300
+    while not workers():
+        assert proc.poll() is None and time.time() < deadline, out.read_text()[-2000:]
+        time.sleep(0.2)
+    started = workers()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 130
+    assert out.read_text().strip().splitlines()[-1] == (
+        "rn50_mx.selftest: interrupted; its 1 child process group(s) stopped")
+    gone, alive = psutil.wait_procs(started, timeout=30)
+    assert alive == [] and workers() == []

@@ -12,10 +12,9 @@ Optuna study, ask-and-tell from this one process, resumable), finals (fresh seed
 checkers), output (lines, table, picture, fragment). docs/search.md says when to search and what it costs.
 """
 import os
-import signal
 import socket
 
-from .. import config, files
+from .. import children, config, files
 from ..errors import InputError
 from ..tune.output import owned_fragment
 from . import output, space
@@ -113,12 +112,6 @@ def hold_lock(args):
     return fd
 
 
-def stop_on_signals():
-    def stop(signum, frame):
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-    signal.signal(signal.SIGTERM, stop)
-
-
 def search(s, args, knobs):
     from .. import data, mlperf_rules
     from . import driver, finals
@@ -133,10 +126,10 @@ def search(s, args, knobs):
         loop = driver.Driver(s, args, knobs, study, args.results)
         try:
             loop.run()
-        except KeyboardInterrupt as why:
+        except KeyboardInterrupt:
             loop.stop_all("driver stopped")
-            print(f"search: stopped by {why or 'SIGINT'}; every trial's processes ended; the same command continues "
-                  f"study {args.study!r}", flush=True)
+            print(f"search: stopped; every trial's processes ended; the same command continues study "
+                  f"{args.study!r}", flush=True)
             return 143
         output.picture(os.path.join(args.results, args.study + ".png"), study.get_trials(deepcopy=False),
                        s.accuracy_threshold)
@@ -170,5 +163,5 @@ def main(argv=None):
     if args.dry_run:
         print(output.plan_text(s, knobs, args))
         return 0
-    stop_on_signals()
+    children.stop_on_sigterm()
     return search(s, args, knobs)

@@ -4,6 +4,7 @@ they run, so a restarted driver ends what is left of them and runs those trials 
 import time
 from statistics import mean
 
+from .. import children
 from ..errors import InputError
 from . import output, space, trials
 
@@ -57,8 +58,7 @@ class Driver:
 
         for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             for pgid in t.user_attrs.get("pgids", []):
-                if trials.alive(pgid):
-                    trials.stop_group(pgid)
+                children.stop_group(pgid)
             self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
             self.study.enqueue_trial(t.params or t.system_attrs.get("fixed_params", {}), skip_if_exists=False)
             print(f"search: trial {t.number} was running when the last driver stopped: its processes ended, "

@@ -3,12 +3,10 @@ process group of its own, each seed's MLPerf log in the trial's folder, read as 
 import math
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 
-from .. import config, timing
+from .. import children, config, timing
 from ..errors import InputError
 
 PENALTY = 2  # epochs added to the horizon for a seed that does not reach the target (MLPerf counts no such run)
@@ -38,8 +36,7 @@ class Run:
         except InputError as err:
             raise InputError(f"trial settings refused: {err}") from None
         with open(self.out, "w") as out:
-            self.proc = subprocess.Popen(command(self.s), stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = children.start(command(self.s), stdout=out, stderr=subprocess.STDOUT)
         return self.proc.pid
 
     def read(self):
@@ -62,35 +59,7 @@ class Run:
     def stop(self, why):
         """End the run's whole process group (horovodrun and its ranks) and wait for it."""
         self.stopped = why
-        stop_group(self.proc.pid)
-        self.proc.wait()
-
-
-def stop_group(pgid, grace=10.0):
-    """SIGTERM to a process group, SIGKILL after `grace` seconds; returns once none of it is left."""
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.time() + grace
-    while time.time() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.2)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def alive(pgid):
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
+        children.stop(self.proc)
 
 
 def epochs_to_target(run, s):

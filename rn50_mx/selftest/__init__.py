@@ -16,7 +16,7 @@ import argparse
 import os
 import sys
 
-from .. import bind, config
+from .. import bind, children, config
 from ..errors import InputError
 from . import checks
 from .report import attempt, table
@@ -70,6 +70,7 @@ def device_checks(s, ranks, steps, flags):
 
 
 def main(argv=None):
+    children.stop_on_sigterm()  # a stopped self-test ends its horovodrun and ranks (run_cli)
     args, flags = parse_args(sys.argv[1:] if argv is None else argv)
     settings = config.load(flags, prog="rn50_mx.selftest")
     if args.allreduce_worker:

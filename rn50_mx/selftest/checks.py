@@ -5,7 +5,7 @@ import shutil
 import subprocess
 import sys
 
-from .. import anchors, bind, measure
+from .. import anchors, bind, children, measure
 from ..errors import InputError
 from .report import CheckFailed, Skipped
 
@@ -129,7 +129,7 @@ def allreduce(s, ranks, flags):
     world = ["--kv-store", "horovod", "--dgxnnodes", "1", "--dgxngpu", str(ranks)]  # the world dist.init expects
     command = [horovodrun, "-np", str(ranks), "-H", f"localhost:{ranks}", sys.executable, "-m",
                "rn50_mx.selftest", "--allreduce-worker", *flags, *world]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    result = children.run(command, timeout=300)  # ended with the self-test when it is stopped
     ok = [line for line in result.stdout.splitlines() if "ALLREDUCE OK" in line]
     if result.returncode != 0 or len(ok) != ranks:
         tail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:] or ["no output"]

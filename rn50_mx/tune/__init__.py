@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 
-from .. import config
+from .. import children, config
 from ..errors import InputError, run_cli
 from . import output, space
 
@@ -76,6 +76,7 @@ def tune(s, args):
 
 
 def main(argv=None):
+    children.stop_on_sigterm()  # a stopped tuner ends its worker (run_cli)
     args, rest = parse_args(sys.argv[1:] if argv is None else argv)
     if args.worker:
         from .. import dist

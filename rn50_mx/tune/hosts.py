@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 
-from .. import config, dist, measure, train
+from .. import children, config, dist, measure, train
 from . import space
 
 KEEP = 5  # pipelines a host keeps built: the incumbent, the candidate, and the bench's final comparison
@@ -48,8 +48,8 @@ class Remote:
     def __init__(self, s, omp):
         command = [sys.executable, "-m", "rn50_mx.tune", "--worker", *config.as_flags(s)]
         self.omp = omp
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                        env=config.environ_with(OMP_NUM_THREADS=str(omp)))
+        self.process = children.start(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                      env=config.environ_with(OMP_NUM_THREADS=str(omp)))
 
     def rate(self, knobs, steps):
         self.process.stdin.write(json.dumps([knobs, steps]) + "\n")
@@ -62,6 +62,7 @@ class Remote:
     def close(self):
         self.process.stdin.close()
         self.process.wait()
+        children.forget(self.process)
 
 
 def serve(s, ctx):
