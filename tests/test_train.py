@@ -341,3 +341,19 @@ def test_an_mlperf_log_that_cannot_be_written_stops_the_run_in_one_line(three_cl
         f"rn50_mx.train: error: {full}/run.log: cannot write the MLPerf log (No space left on device); the run "
         "stops: its log would not hold the whole run")
     assert "Traceback" not in result.stderr and "run_stop" not in written
+
+
+def test_garbage_after_a_train_idx_s_good_lines_is_one_line_before_run_start(three_classes, tmp_path):
+    """The epoch was sized on a count of the .idx's non-empty lines, garbage included, and DALI's reader then failed
+    its assertion after run_start with a traceback. Every line is checked before run_start."""
+    data = shutil.copytree(three_classes, tmp_path / "data")
+    with open(data / "train.idx", "a") as f:
+        f.write("not\tan offset\n")
+    log = tmp_path / "run.log"
+    result = run_train([f"--data-train={data}/train.rec", f"--data-val={data}/val.rec", "--num-classes=3",
+                        "--image-shape=3,32,32", "--batch-size=4", "--num-epochs=2", "--warmup-epochs=1",
+                        "--eval-offset=0", "--eval-period=1", "--dali-threads=1", f"--mllog-file={log}"])
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert re.fullmatch(rf"rn50_mx\.train: error: {data}/train\.idx: line 25: .*; pack the images again .*",
+                        result.stderr.strip().splitlines()[-1])
+    assert "Traceback" not in result.stderr and "run_start" not in log.read_text()

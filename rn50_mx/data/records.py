@@ -54,11 +54,7 @@ def check_idx(rec, idx):
     """Every .idx line is `key<TAB>offset` inside the .rec, found before DALI's reader meets it (an assertion).
     `python -m rn50_mx.check` runs it, which the launchers run before any rank starts: reading ImageNet's 1.28M lines takes
     seconds, which training itself does not spend."""
-    entries, bad = prep_rec.read_idx(idx)
-    if bad:
-        where, _, problem = bad[0]
-        raise InputError(f"{idx}: {where}: {problem}; pack the images again (python -m rn50_mx.prep_rec verify "
-                         f"{os.path.splitext(rec)[0]} checks a set)")
+    entries = sound_entries(rec, idx)
     size = os.path.getsize(rec)
     outside = next((key for key, offset in entries if not 0 <= offset < size), None)
     if outside is not None:
@@ -66,10 +62,20 @@ def check_idx(rec, idx):
                          "not one set")
 
 
-def count_records(idx):
-    """Records listed by an .idx (one line each), without opening the .rec."""
-    with open(idx, "rb") as f:
-        return sum(1 for line in f if line.strip())
+def sound_entries(rec, idx):
+    """[(key, offset)] of every .idx line; a line that is not `key<TAB>offset` is one line naming it (DALI's reader
+    would fail on it with an assertion after run_start, its epoch sized on a count that included it)."""
+    entries, bad = prep_rec.read_idx(idx)
+    if bad:
+        where, _, problem = bad[0]
+        raise InputError(f"{idx}: {where}: {problem}; pack the images again (python -m rn50_mx.prep_rec verify "
+                         f"{os.path.splitext(rec)[0]} checks a set)")
+    return entries
+
+
+def count_records(rec, idx):
+    """Records listed by an .idx, every line checked, without opening the .rec."""
+    return len(sound_entries(rec, idx))
 
 
 def record_at(idx, offset):
@@ -173,7 +179,7 @@ def train_samples(settings):
         return settings.num_examples
     if settings.synthetic and not settings.data_train:
         raise InputError("--synthetic: give --num-examples (or --data-train) to size the epoch")
-    return count_records(rec_and_idx(settings, True)[1])
+    return count_records(*rec_and_idx(settings, True))
 
 
 def steps_per_epoch(settings, world, num_samples=None):
