@@ -1,10 +1,10 @@
 """ImageNet from its archives: `prep_rec imagenet` on the official archives, against the usual route (extract them,
 sort val into class folders, then `prep_rec pack`) and against `cat` of the archives (the floor).
 
-    .venv/bin/python bench/prep_imagenet.py [--classes 50] [--per-class 40] [--val 2000] [--rounds 3]
+    .venv/bin/python -m bench.prep_imagenet [--classes 50] [--per-class 40] [--val 2000] [--rounds 3]
                                             [--read-mbps N]
 
-The archives are ImageNet-shaped (tests/imagenet_archives.py: a tar of class tars, a flat val tar in shuffled
+The archives are ImageNet-shaped (tests/support/imagenet_archives.py: a tar of class tars, a flat val tar in shuffled
 member order, the devkit, the odd files) and hold ImageNet-like JPEGs (500x375, ~110 KB, bench/prep_rec.py's
 pictures); they are made once and kept in --cache. Every round times the three routes in a rotating order, each
 after the archives (and anything the route reads) were dropped from the page cache with posix_fadvise(DONTNEED):
@@ -30,11 +30,9 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-import imagenet_archives as ia  # noqa: E402
-from prep_rec import RUN_TIMED, cold, fabric_jpeg  # noqa: E402  (bench/prep_rec.py)
-
-from rn50_mx import prep_rec  # noqa: E402
+from bench.prep_rec import RUN_TIMED, cold, fabric_jpeg
+from rn50_mx import prep_rec
+from tests.support import imagenet_archives as ia
 
 EXTRACT = r"""set -euo pipefail
 cd "$1"; archives=$2

@@ -1,10 +1,10 @@
 """Launch overhead: a 2-rank trial through `sbatch run.sub` (Slurm, srun --mpi=pmix, MPI over PMIx) against the same
 trial through run_with_docker.sh on the bare machine (run_and_time.sh -> horovodrun -> mpirun), side by side.
 
-    PATH=$VENV/bin:$PATH python bench/slurm.py [--rounds 3]
+    PATH=$VENV/bin:$PATH python -m bench.slurm [--rounds 3]
 
 The tiny dataset of the launch tests (5 classes x 7 Fashion-MNIST photographs), config/CPU.sh with 4 images per
-rank, one epoch; a one-node Slurm started here as in the tests (tests/slurm.py), CLEAR_CACHES=0 for both. Each
+rank, one epoch; a one-node Slurm started here as in the tests (tests/support/slurm.py), CLEAR_CACHES=0 for both. Each
 round runs both launchers in turn. Figures, medians over the rounds:
   to run_start   from the submit (sbatch) or the launcher's start to the run_start line's time_ms
   wall           from the submit or the start until the job left the queue or the launcher exited
@@ -22,12 +22,10 @@ import sys
 import tempfile
 import time
 
-TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
-sys.path.insert(0, TESTS)
-import slurm  # noqa: E402  (tests/slurm.py)
-from conftest import ENV_PATH, ROOT, write_jpeg_tree  # noqa: E402
-from test_launch import TINY, TINY_CLASSES  # noqa: E402
-from rn50_mx import prep_rec  # noqa: E402
+from tests.support import slurm
+from tests.support.data import packed_train_val
+from tests.support.procs import ENV_PATH, ROOT
+from tests.support.settings import TINY
 
 SETTINGS = {**TINY, "KVSTORE": "horovod", "DGXNGPU": "2", "NEXP": "1", "SEED": "3", "CLEAR_CACHES": "0"}
 
@@ -75,11 +73,7 @@ def main():
     if reason:
         sys.exit(f"bench/slurm.py: {reason}")
     with tempfile.TemporaryDirectory() as tmp:
-        jpegs = write_jpeg_tree(os.path.join(tmp, "jpegs"), classes=TINY_CLASSES)
-        data = os.path.join(tmp, "data")
-        os.makedirs(data)
-        prep_rec.pack(jpegs, os.path.join(data, "train"))
-        prep_rec.pack(jpegs, os.path.join(data, "val"), shuffle=False)
+        _, data = packed_train_val(tmp)
         cluster = slurm.Cluster().start()
         results = {"slurm": [], "horovodrun": []}
         try:

@@ -23,10 +23,11 @@ import numpy as np
 import psutil
 import pytest
 
-from conftest import assert_one_line_naming, wait_for
 from rn50_mx import checkpoint, config, model, optim, timing
 from rn50_mx.config import Settings
-from test_train import clean_environ, events, values
+from tests.support.mllog import events, values
+from tests.support.procs import assert_one_line_naming, clean_environ, wait_for
+from tests.support.timing import edited_fixture, report_of
 
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 STEPS = 6  # per epoch: 24 images, batch 4 (2 ranks: batch 2 each)
@@ -481,8 +482,6 @@ def test_evaluate_refuses_in_one_line(recs, extra, name):
 def test_timing_does_not_score_a_resumed_run(tmp_path):
     """An official log with a resumed_from line after its init_start (what a resumed run writes) is dropped: the rules
     time one uninterrupted run. The old timing scored it."""
-    from test_timing import edited_fixture, report_of
-
     resumed = (':::MLLOG {"namespace": "", "time_ms": 1623783744125, "event_type": "POINT_IN_TIME", "key": '
                '"resumed_from", "value": "/ckpt/step-6", "metadata": {"epoch_num": 2, "step": 0}}\n')
     folder = edited_fixture(tmp_path, {"result_2.txt": ('\n:::MLLOG {"namespace": "", "time_ms": 1623783744124, '

@@ -13,7 +13,7 @@ import pytest
 from nvidia.dali.pipeline import Pipeline
 from PIL import Image
 
-from conftest import write_jpeg_tree
+from tests.support.data import write_jpeg_tree
 from rn50_mx import data, prep_rec
 from rn50_mx.config import Settings
 from rn50_mx.errors import InputError

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from rn50_mx import timing
-from conftest import sourced
+from tests.support.procs import sourced
 
 
 @pytest.mark.slow

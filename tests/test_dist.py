@@ -17,7 +17,7 @@ import numpy as np
 import psutil
 import pytest
 
-from conftest import CHECKER_ON_A_SHORT_RUN
+from tests.support.mllog import CHECKER_ON_A_SHORT_RUN
 from rn50_mx import data, dist, model, optim, timing, train
 from rn50_mx.config import Settings
 from rn50_mx.errors import InputError, run_cli

@@ -18,7 +18,8 @@ from typing import Callable
 import psutil
 import pytest
 
-from conftest import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, write_jpeg_tree
+from tests.support.data import packed_train_val
+from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming
 from rn50_mx import prep_rec
 
 FIXTURE_LOGS = sorted(glob.glob(os.path.join(ROOT, "tests", "data", "inspur_nf5688m6", "result_*.txt")))
@@ -56,13 +57,8 @@ def launcher(command, env):
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
     """A JPEG tree and its packed train/val set (5 classes x 7), shared by every probe that only reads them."""
-    root = tmp_path_factory.mktemp("hostile")
-    jpegs = write_jpeg_tree(root / "jpegs", classes=CLASSES)
-    data = root / "data"
-    data.mkdir()
-    prep_rec.pack(jpegs, str(data / "train"))
-    prep_rec.pack(jpegs, str(data / "val"), shuffle=False)
-    return dict(jpegs=jpegs, data=str(data))
+    jpegs, data = packed_train_val(str(tmp_path_factory.mktemp("hostile")), classes=CLASSES)
+    return dict(jpegs=jpegs, data=data)
 
 
 @contextlib.contextmanager

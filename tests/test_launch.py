@@ -19,8 +19,9 @@ import time
 import psutil
 import pytest
 
-from conftest import ENV_PATH, ROOT, assert_one_line_naming, sourced, write_jpeg_tree
-from rn50_mx import prep_rec
+from tests.support.mllog import mllog
+from tests.support.procs import ENV_PATH, ROOT, assert_one_line_naming, sourced
+from tests.support.settings import TINY
 
 SCRIPTS = ["run_and_time.sh", "run_with_docker.sh", "run.sub", "trials.sh"]
 SYSTEMS = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "config", "*.sh"))
@@ -203,9 +204,6 @@ def test_dockerfile_copies_only_existing_paths_that_dockerignore_lets_through():
     assert {src.rstrip("/") for src in sources if src != "./"} <= allowed
 
 
-TINY_CLASSES = ("ankle_boot", "bag", "coat", "dress", "pullover")  # five, so that top-5 is defined
-
-
 def recording_tools(tmp_path, *names, run=False):
     """A PATH with fake `names` that append their command line (and SEED, CACHE_CLEARED) to tmp_path/calls.
     `--env-names` is answered by the installed rn50_mx, as the image would. With `run`, a fake also runs its
@@ -328,29 +326,6 @@ def test_missing_data_file_stops_the_slurm_job_before_any_trial(tiny_data_withou
     [check] = calls(tmp_path)
     assert check.startswith(f"srun --nodes=1 --ntasks=1 python -m rn50_mx.check "
                             f"--data-train {data}/train.rec --data-val {data}/val.rec ")
-
-
-@pytest.fixture
-def tiny_data(tmp_path):
-    """train.rec/.idx and val.rec/.idx of 5 classes x 7 real photographs."""
-    jpegs = write_jpeg_tree(tmp_path / "jpegs", classes=TINY_CLASSES)
-    data = tmp_path / "data"
-    data.mkdir()
-    prep_rec.pack(jpegs, str(data / "train"))
-    prep_rec.pack(jpegs, str(data / "val"), shuffle=False)
-    return str(data)
-
-
-# config/CPU.sh shrunk to a few seconds per trial; the threshold is reached at the first eval.
-TINY = {"NUM_CLASSES": str(len(TINY_CLASSES)), "BATCHSIZE": "4", "NUMEPOCHS": "1", "WARMUP_EPOCHS": "0", "DALI_THREADS": "1",
-        "ACCURACY_THRESHOLD": "0.0"}
-
-
-def mllog(path, key):
-    """The values of `key` in the MLPerf lines of a log."""
-    with open(path) as f:
-        events = [json.loads(line[len(":::MLLOG "):]) for line in f if line.startswith(":::MLLOG ")]
-    return [event["value"] for event in events if event["key"] == key]
 
 
 @pytest.mark.slow

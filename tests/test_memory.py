@@ -5,7 +5,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from conftest import sourced
+from tests.support.procs import sourced
 from rn50_mx import memory, model, optim
 from rn50_mx.config import Settings
 

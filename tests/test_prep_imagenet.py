@@ -1,4 +1,4 @@
-"""prep_rec imagenet on a small ImageNet in the official structure (tests/imagenet_archives.py): the archives read
+"""prep_rec imagenet on a small ImageNet in the official structure (tests/support/imagenet_archives.py): the archives read
 in place give the files that packing their extracted tree gives; every layout gives the same files; the odd
 files are re-encoded; each bad input is one line."""
 import glob
@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import imagenet_archives as ia
+from tests.support import imagenet_archives as ia
 from rn50_mx import prep_rec
 from rn50_mx.errors import InputError
 from rn50_mx.prep_rec import layouts, tars
 
-from test_prep_rec import assert_one_line_error, cli, file_bytes, read_records
+from tests.support.prep_rec import assert_one_line_error, cli, file_bytes, read_records
 
 SPLITS = ("train", "val")
 FILES = [f"{split}.{ext}" for split in SPLITS for ext in ("lst", "rec", "idx")]

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, assert_one_line_naming, bash, sourced
+from tests.support.procs import ROOT, assert_one_line_naming, bash, sourced
 from rn50_mx import config, recipe, train
 
 # Fields of `python -m rn50_mx.check`'s listing that make the recipe and the machine's shape.

@@ -14,7 +14,7 @@ import sys
 import psutil
 import pytest
 
-from conftest import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, bash, wait_for
+from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, bash, wait_for
 from rn50_mx import files
 
 TINY = dict(NUM_CLASSES="3", BATCHSIZE="4", NUMEXAMPLES="24", NUMEPOCHS="3", WARMUP_EPOCHS="1", LR="0.5",

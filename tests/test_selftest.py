@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from conftest import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, sourced
+from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, sourced
 from rn50_mx import prep_rec
 
 

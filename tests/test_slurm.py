@@ -1,7 +1,7 @@
-"""run.sub under a real Slurm (tests/slurm.py: munged, slurmctld and slurmd started here, the real sbatch, srun,
+"""run.sub under a real Slurm (tests/support/slurm.py: munged, slurmctld and slurmd started here, the real sbatch, srun,
 squeue and scontrol): 2 ranks meet through MPI over PMIx (`srun --mpi=pmix`, Horovod built with MPI, as in the NGC
 image) on one node and across two nodes (network namespaces); tasks that cannot meet stop on the world-size check;
-scancel stops every rank. The tiny dataset of tests/test_launch.py, a few seconds of training per job.
+scancel stops every rank. The tiny dataset of conftest's tiny_data, a few seconds of training per job.
 """
 import json
 import math
@@ -13,13 +13,12 @@ import time
 import psutil
 import pytest
 
-import slurm
-from conftest import CHECKER_ON_A_SHORT_RUN, ENV_PATH, PYTHONPATH, ROOT
 from rn50_mx import timing
-import test_launch
-from test_launch import TINY, TINY_CLASSES, mllog
-
-tiny_data = test_launch.tiny_data  # the launch tests' fixture: 5 classes x 7 photographs, packed
+from tests.support import slurm
+from tests.support.data import TINY_CLASSES
+from tests.support.mllog import CHECKER_ON_A_SHORT_RUN, mllog
+from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT
+from tests.support.settings import TINY
 
 IMAGES = len(TINY_CLASSES) * 7
 TWO_RANKS = {**TINY, "KVSTORE": "horovod", "DISP_BATCHES": "1", "NEXP": "1", "SEED": "3", "DATESTAMP": "job"}
@@ -132,7 +131,7 @@ def test_usr1_stops_at_a_checkpoint_and_the_requeued_job_resumes_in_the_same_log
     while cluster.job(job_id)["Restarts"] != "1":  # the hook's scontrol requeue
         assert time.time() < deadline, job_output(tmp_path, job_id)[-3000:]
         time.sleep(0.2)
-    fields = cluster.wait_job(job_id, timeout=600)  # pending cred_expire + 1 s first (tests/slurm.py)
+    fields = cluster.wait_job(job_id, timeout=600)  # pending cred_expire + 1 s first (tests/support/slurm.py)
     out, text = job_output(tmp_path, job_id), log.read_text()
     assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", "1"), \
         out[-4000:] + cluster.logs()

@@ -8,33 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHONPATH, assert_one_line_naming
+from tests.support.procs import PYTHONPATH, assert_one_line_naming
+from tests.support.timing import FIXTURE, edited_fixture, report_of
 from rn50_mx import files, timing
 from rn50_mx.errors import run_cli
 
-FIXTURE = Path(__file__).parent / "data" / "inspur_nf5688m6"
 SHARED = Path(__file__).parents[2] / "shared/fixtures/mlperf-v1.0/Inspur/results/nf5688m6_mxnet/resnet"
 NAMES = [f"result_{i}.txt" for i in range(1, 6)]
 RUN_MS = [1642539, 1642731, 1642804, 1642704, 1642587]  # run_stop - run_start, fixtures/README.md
-
-
-def report_of(paths, with_rcp=False, ruleset="1.0.0"):
-    """The report `main` prints, built from the library functions."""
-    runs = [timing.read_run(path, ruleset) for path in timing.find_logs([str(p) for p in paths])]
-    for run in runs:
-        run.compliance, run.compliance_reason = timing.check_compliance(run.path, ruleset)
-    return timing.build_report(runs, ruleset, with_rcp)
-
-
-def edited_fixture(tmp_path, edits):
-    """The five fixture logs copied to tmp_path, with {file name: (old text, new text)} substituted."""
-    folder = tmp_path / "logs"
-    shutil.copytree(FIXTURE, folder, ignore=shutil.ignore_patterns("README.md"))
-    for name, (old, new) in edits.items():
-        text = (folder / name).read_text(encoding="latin-1")
-        assert old in text, f"{old!r} not in {name}"
-        (folder / name).write_text(text.replace(old, new), encoding="latin-1")
-    return folder
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ files, on the CPU. The eval schedule; a short run that learns and writes the MLP
 accepts (all but the accuracy target); the stop rule both ways; the log's order (the clock starts before the data
 is touched); and the one-line refusals of bad input.
 """
-import json
 import os
 import re
 import shutil
@@ -16,7 +15,8 @@ import pytest
 
 from rn50_mx import config, data, dist, model, optim, prep_rec, timing, train
 from rn50_mx.config import Settings
-from conftest import CHECKER_ON_A_SHORT_RUN, assert_one_line_naming, sourced, wait_for
+from tests.support.mllog import CHECKER_ON_A_SHORT_RUN, events, values
+from tests.support.procs import assert_one_line_naming, clean_environ, sourced, wait_for
 
 CLASSES = ("1_trouser", "5_sandal", "8_bag")  # Fashion-MNIST folders; labels 0, 1, 2 in this order
 PER_CLASS = 10
@@ -81,28 +81,10 @@ def test_an_eval_batch_of_repeats_only_is_skipped(small_rec):
 
 # --- real runs ----------------------------------------------------------------------------------------------
 
-def clean_environ():
-    """This process's environment without any variable rn50_mx reads, so only the test's flags count."""
-    ours = {f.metadata["env"] for f in config.FIELDS.values()} | set(config.REFERENCE_ONLY_ENV)
-    return {k: v for k, v in os.environ.items() if k not in ours and not k.startswith(config.OWNED_ENV_PREFIXES)}
-
-
 def run_train(argv, env=None, timeout=600):
     """`python -m rn50_mx.train ARGV` in a clean environment (plus `env`); the CompletedProcess."""
     return subprocess.run([sys.executable, "-m", "rn50_mx.train", *argv], env={**clean_environ(), **(env or {})},
                           capture_output=True, text=True, timeout=timeout)
-
-
-def events(path):
-    """The MLLOG lines of a log, in order, as (key, value, metadata)."""
-    with open(path) as f:
-        lines = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in f if ":::MLLOG " in line]
-    return [(e["key"], e["value"], e["metadata"]) for e in lines]
-
-
-def values(log, key, field=None):
-    """The value (or a metadata field) of each `key` line."""
-    return [meta[field] if field else value for k, value, meta in log if k == key]
 
 
 @pytest.fixture(scope="module")

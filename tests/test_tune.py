@@ -7,7 +7,7 @@ import shutil
 import mxnet as mx
 import pytest
 
-from conftest import ROOT, bash, sourced
+from tests.support.procs import ROOT, bash, sourced
 from rn50_mx import config
 from rn50_mx.tune import hosts, output, search, space
 

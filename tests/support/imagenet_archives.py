@@ -1,5 +1,5 @@
 """A small ImageNet in each layout users download, byte for byte in the official structure, for the tests and for
-bench/prep_imagenet.py.
+bench/prep_imagenet.py (python -m bench.prep_imagenet).
 
   ILSVRC2012_img_train.tar       an uncompressed tar of uncompressed class tars <WNID>.tar of <WNID>_<n>.JPEG
   ILSVRC2012_img_val.tar         ILSVRC2012_val_<8 digits>.JPEG, flat, members not in name order

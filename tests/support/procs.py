@@ -1,0 +1,59 @@
+"""Running our commands and scripts as a user would: a clean environment, the test run's python first on PATH."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The python of this test run, and its horovodrun, come first on PATH: the scripts call `python`.
+ENV_PATH = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
+# A PYTHONPATH the tests run with (a worktree's checkout instead of the installed one) reaches the scripts too.
+PYTHONPATH = {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}
+
+
+def wait_for(proc, out, pattern, timeout=240):
+    """Until `pattern` is in the file `out` that `proc` (or a child of it) writes, a file not there yet read as
+    empty; a process that ends first or a timeout fails the test, and its group is killed (start `proc` with
+    start_new_session=True)."""
+    def text():
+        return open(out).read() if os.path.exists(out) else ""
+
+    deadline = time.time() + timeout
+    while not re.search(pattern, text(), re.M):
+        if proc.poll() is not None or time.time() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            pytest.fail(f"never saw {pattern!r}: " + text()[-3000:])
+        time.sleep(0.1)
+
+
+def bash(script, env=None, cwd=ROOT, timeout=120):
+    """Run `script` with bash -c in a clean environment (plus `env`); returns the CompletedProcess."""
+    full_env = {"PATH": ENV_PATH, "HOME": os.environ.get("HOME", "/tmp"), **PYTHONPATH, **(env or {})}
+    return subprocess.run(["bash", "-c", script], env=full_env, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def sourced(system, command, env=None, **kwargs):
+    """`command` after `source config/<system>.sh`, with the environment `env` exported after the config."""
+    exports = "".join(f"export {name}={value!r}; " for name, value in (env or {}).items())
+    return bash(f"set -euo pipefail; source config/{system}.sh; {exports}{command}", **kwargs)
+
+
+def assert_one_line_naming(result, name):
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert name in lines[0] and "Traceback" not in result.stderr
+    assert "RESULT," not in result.stdout
+
+
+def clean_environ():
+    """This process's environment without any variable rn50_mx reads, so only the test's flags count."""
+    from rn50_mx import config
+    ours = {f.metadata["env"] for f in config.FIELDS.values()} | set(config.REFERENCE_ONLY_ENV)
+    return {k: v for k, v in os.environ.items() if k not in ours and not k.startswith(config.OWNED_ENV_PREFIXES)}
