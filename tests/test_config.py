@@ -1,0 +1,97 @@
+"""Settings at every entry point: a bad setting stops run_and_time.sh, train and run_with_docker.sh with one line
+naming the variable; the image's and DALI's own variables pass; every config sources cleanly and validates (GPU
+configs too: validation needs no GPU); an export after sourcing overrides the config."""
+import glob
+import os
+
+import pytest
+
+from tests.support.procs import ROOT, assert_one_line_naming, sourced
+
+
+SYSTEMS = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "config", "*.sh"))
+                 if not p.endswith("_common.sh"))
+
+
+def settings_table(text):
+    """The `--check` listing as {flag: (value, origin)}."""
+    rows = (line.split() for line in text.splitlines() if line.startswith("--"))
+    return {row[0]: (row[1] if len(row) == 3 else "", row[-1]) for row in rows}
+
+
+BAD = [("BATCHSIZE", "abc"), ("LR", "-1"), ("DALI_THREAD", "4"), ("RN50_FOO", "1"), ("BN_GROUP", "2")]
+# What NGC framework images export (DALI_VERSION, DALI_BUILD; newer ones DALI_URL_SUFFIX) and variables DALI itself
+# reads: not ours, so they pass (the old check refused every unknown DALI_ name, and with it the NGC image).
+FOREIGN_DALI = {"DALI_VERSION": "1.18.0", "DALI_BUILD": "6294", "DALI_URL_SUFFIX": "110", "DALI_AFFINITY_MASK": "0,1",
+                "DALI_USE_VMM": "1"}
+
+
+@pytest.mark.parametrize("name,value", BAD)
+def test_bad_setting_stops_run_and_time_before_training(tmp_path, name, value):
+    result = sourced("CPU", "./run_and_time.sh", {name: value, "DATADIR": str(tmp_path)})
+    assert_one_line_naming(result, name)
+    assert result.stdout.startswith("STARTING TIMING RUN AT ")
+
+
+@pytest.mark.parametrize("name,value", BAD)
+def test_bad_setting_stops_train(name, value):
+    assert_one_line_naming(sourced("CPU", "python -m rn50_mx.train", {name: value}), name)
+
+
+def test_the_images_and_dalis_own_variables_pass_and_a_near_miss_of_ours_is_named():
+    result = sourced("NF5688M6", "python -m rn50_mx.check", FOREIGN_DALI)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    result = sourced("CPU", "python -m rn50_mx.check", {**FOREIGN_DALI, "DALI_PREFETCH_QUEUE_DEPTH": "3"})
+    assert_one_line_naming(result, "DALI_PREFETCH_QUEUE_DEPTH: unknown variable; did you mean DALI_PREFETCH_QUEUE?")
+
+
+def test_bad_setting_stops_run_with_docker_before_any_trial(tmp_path):
+    data, logs = tmp_path / "data", tmp_path / "logs"
+    data.mkdir()
+    for name in ("train.rec", "train.idx", "val.rec", "val.idx"):
+        (data / name).touch()
+    result = sourced("CPU", "./run_with_docker.sh", {"LR": "-1", "DATADIR": str(data), "LOGDIR": str(logs)})
+    assert_one_line_naming(result, "LR")
+    assert "Beginning trial" not in result.stdout and not os.listdir(logs)
+
+
+def test_several_processes_need_horovod():
+    """The message names the variable that set the value (config/CPU.sh's KVSTORE), or the flag that did."""
+    result = sourced("CPU", "python -m rn50_mx.check", {"DGXNGPU": "2"})
+    assert_one_line_naming(result, "KVSTORE=device")
+    result = sourced("CPU", "python -m rn50_mx.check --kv-store local", {"DGXNGPU": "2"})
+    assert_one_line_naming(result, "--kv-store=local")
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_config_sources_cleanly_and_validates(system):
+    result = sourced(system, "echo DGXSYSTEM=$DGXSYSTEM; python -m rn50_mx.check")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "" and f"DGXSYSTEM={system}\n" in result.stdout
+    table = settings_table(result.stdout)
+    assert table["--batch-size"][1] == "BATCHSIZE" and table["--dgxsystem"] == (system, "DGXSYSTEM")
+
+
+def test_nf5688m6_config_is_the_reference_recipe():
+    table = settings_table(sourced("NF5688M6", "python -m rn50_mx.check").stdout)
+    expected = {"--batch-size": "408", "--lr": "10.5", "--warmup-epochs": "2.0", "--num-epochs": "37",
+                "--eval-offset": "2", "--eval-period": "4", "--wd": "5e-05", "--mom": "0.9", "--lars-eta": "0.001",
+                "--label-smoothing": "0.1", "--optimizer": "sgdwfastlars", "--kv-store": "horovod",
+                "--dali-threads": "5", "--dali-prefetch-queue": "15", "--dali-hw-decoder-load": "0.7",
+                "--dali-tmp-buffer-hint": "355568328", "--device": "gpu", "--dtype": "float16",
+                "--input-layout": "NHWC", "--image-shape": "4,224,224", "--dgxngpu": "8", "--lars-form": "submitted",
+                "--num-examples": "1281167"}
+    assert {flag: table[flag][0] for flag in expected} == expected
+
+
+def test_export_after_sourcing_overrides_the_config():
+    result = sourced("NF5688M6", "python -m rn50_mx.check", {"NUMEPOCHS": "3"})
+    assert settings_table(result.stdout)["--num-epochs"] == ("3", "NUMEPOCHS")
+
+
+@pytest.mark.parametrize("system", sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "config", "*.sh"))
+                                          if not p.endswith(("CPU.sh", "_common.sh"))))
+def test_gpu_configs_export_the_normconv_support_the_reference_exports(system):
+    """GPU review 3, F4: the reference (config_NF5688M6_common.sh) and NVIDIA's v4.0 24.04 configs export
+    MXNET_EXTENDED_NORMCONV_SUPPORT=1, and rn50_mx runs NormConv where MXNet has it."""
+    assert sourced(system, 'echo "$MXNET_EXTENDED_NORMCONV_SUPPORT"').stdout.strip() == "1"
