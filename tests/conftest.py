@@ -44,3 +44,11 @@ def three_classes(tmp_path_factory):
 def tiny_data(tmp_path):
     """train.rec/.idx and val.rec/.idx of 5 classes x 7 real photographs."""
     return packed_train_val(str(tmp_path))[1]
+
+
+@pytest.fixture(scope="session")
+def shared(tmp_path_factory):
+    """A JPEG tree and its packed train/val set (5 classes x 7), shared by every probe and trial that only reads
+    them."""
+    jpegs, data = packed_train_val(str(tmp_path_factory.mktemp("hostile")))
+    return dict(jpegs=jpegs, data=data)

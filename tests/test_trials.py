@@ -1,7 +1,9 @@
 """The launchers' trials: run_with_docker.sh and run.sub hand the container the reference's flags, distinct seeds and
 the settings exported by hand; a missing data file stops a launch before any trial; two bare-metal trials of
 config/CPU.sh, shrunk to a few images, leave two logs that the timing tool reads; two ranks start through
-horovodrun; SIGTERM stops every rank."""
+horovodrun; SIGTERM stops every rank. The trial-outcome contract: two launches with one DATESTAMP, a LOGDIR that
+fills, a resumable stop (exit 75) and the next launch's resume, a resume state read as data, a rank hanging at exit,
+SIGTERM on run_with_docker.sh and before the first trial, Slurm's SIGUSR1."""
 import contextlib
 import glob
 import os
@@ -14,8 +16,9 @@ import psutil
 import pytest
 
 from tests.support.mllog import mllog
-from tests.support.procs import ENV_PATH, ROOT, assert_one_line_naming, sourced
-from tests.support.settings import TINY
+from tests.support.procs import (ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, files_in, launcher, mounted, run,
+                                 sigterm_to, sourced)
+from tests.support.settings import TINY, TINY_KEEP_CACHES
 
 
 def recording_tools(tmp_path, *names, run=False):
@@ -203,3 +206,203 @@ def test_sigterm_on_run_and_time_stops_every_rank(tiny_data, tmp_path, ranks):
         for p in [*procs, psutil.Process(proc.pid)] if proc.poll() is None else procs:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
+
+
+def test_two_launches_with_one_datestamp_and_an_existing_log(shared, tmp_path):
+    env = {**TINY_KEEP_CACHES, "DATADIR": shared["data"], "LOGDIR": str(tmp_path), "DATESTAMP": "same"}
+    holder = subprocess.Popen(["flock", "--no-fork", str(tmp_path / "same.lock"), "sleep", "60"])
+    try:
+        while not (tmp_path / "same.lock").exists():
+            time.sleep(0.05)
+        busy = run(*launcher("./run_with_docker.sh", env))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert busy.returncode == 2 and busy.stderr.strip().splitlines()[-1] == (
+        f"run_with_docker.sh: LOGDIR={tmp_path}: another launch is writing the logs of DATESTAMP=same now")
+    (tmp_path / "same_1.log").write_text("an old trial\n")
+    kept = run(*launcher("./run_with_docker.sh", env))
+    assert kept.returncode == 2 and kept.stderr.strip().splitlines()[-1] == (
+        f"run_with_docker.sh: LOGDIR={tmp_path}: holds logs of DATESTAMP=same already; they are kept (choose another "
+        "DATESTAMP)")
+    assert (tmp_path / "same_1.log").read_text() == "an old trial\n"
+
+
+@pytest.mark.slow
+def test_a_logdir_that_fills_during_a_trial_is_one_line_and_stops_the_trials(shared, tmp_path):
+    """The old launcher counted the trial as failed with no reason given (tee's own complaint landed mid-line in the
+    stream) and went on to the next trial, whose log could not be written either."""
+    with mounted(tmp_path / "logs", "size=8k") as logs:
+        env = {**TINY_KEEP_CACHES, "DATADIR": shared["data"], "LOGDIR": logs, "NEXP": "2", "DATESTAMP": "t"}
+        result = run(*launcher("./run_with_docker.sh", env), timeout=300)
+        assert result.returncode == 1, result.stderr[-2000:]
+        assert result.stderr.strip().splitlines()[-2:] == [
+            f"run_with_docker.sh: trial 1 of 2: its log is incomplete (tee: {logs}/t_1.log: No space left on device)",
+            "run_with_docker.sh: no further trial runs: its log would be lost too"], result.stderr[-2000:]
+        assert "Beginning trial 2" not in result.stdout and "RESULT," in result.stdout  # trial 1 ran to its end
+
+
+# --- the trial-outcome contract and stopped launchers (training runs) -----------------------------------------
+
+# A stand-in for the checkpointing trainer's side of the contract, loaded into every Python process through
+# PYTHONPATH: rn50_mx.train logs resumable_stop (and no run_stop) and exits 75, as a SIGTERM'd training does.
+RESUMABLE = """import sys
+if sys.orig_argv[1:3] == ["-m", "rn50_mx.train"]:
+    import os
+    print(f"seed {os.environ['SEED']}")
+    print(':::MLLOG {"namespace": "", "time_ms": 1, "event_type": "POINT_IN_TIME", "key": "resumable_stop", '
+          '"value": "/ckpt/epoch_1", "metadata": {"epoch_num": 1, "step": 3}}', flush=True)
+    os._exit(75)
+"""
+
+# A rank that hangs on its way out after run_stop success (rank 1 of 2): its exit alarm ends it and horovodrun
+# exits 1; the log says success.
+HANGS_AT_EXIT = """import atexit, os, sys, time
+rank = os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK"))  # horovodrun's Gloo, or mpirun
+if sys.orig_argv[1:3] == ["-m", "rn50_mx.train"] and rank == "1":
+    atexit.register(time.sleep, 600)
+"""
+
+
+def site(tmp, text):
+    folder = tmp / "site"
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(text)
+    return {"PYTHONPATH": os.pathsep.join([str(folder), *PYTHONPATH.values()])}
+
+
+def test_a_resumable_stop_ends_the_trials_with_75(shared, tmp_path):
+    env = {**TINY_KEEP_CACHES, "DATADIR": shared["data"], "LOGDIR": str(tmp_path / "logs"), "NEXP": "3", "DATESTAMP": "r"}
+    command, _ = launcher("./run_with_docker.sh", env)
+    result = run(command, site(tmp_path, RESUMABLE))
+    assert result.returncode == 75, result.stderr[-2000:]
+    assert "run_and_time.sh: stopped, resumable (checkpoint \"/ckpt/epoch_1\")" in result.stdout
+    assert result.stderr.strip().splitlines()[-1] == (
+        "run_with_docker.sh: trial 1 of 3: stopped, resumable; no further trial runs")
+    assert files_in(tmp_path / "logs") == ["r.resume", "r_1.log"]
+    assert "RESULT," not in result.stdout
+
+
+def test_the_next_launch_resumes_the_stopped_trial_in_its_log(shared, tmp_path):
+    """A launch with the DATESTAMP of one whose trial 1 stopped resumable (r.resume: run.sub's requeued job) runs
+    trial 1 again with its seed (the checkpoint's), appending to r_1.log on a line of its own though the stopped
+    trial's last line was cut, and a launch that stopped before the trial leaves it to resume; the old code refused
+    the DATESTAMP (its logs exist)."""
+    env = {**TINY_KEEP_CACHES, "DATADIR": shared["data"], "LOGDIR": str(tmp_path / "logs"), "NEXP": "3", "DATESTAMP": "r"}
+    command, _ = launcher("./run_with_docker.sh", env)
+    stub = site(tmp_path, RESUMABLE)
+    assert run(command, stub).returncode == 75
+    bad, _ = launcher("./run_with_docker.sh", {**env, "BATCHSIZE": "abc"})
+    assert run(bad, stub).returncode == 2  # stopped before the trial: it is still to resume
+    log = tmp_path / "logs" / "r_1.log"
+    stopped = log.read_text() + "a line cut short"
+    log.write_text(stopped)
+    result = run(command, stub)
+    assert result.returncode == 75, result.stderr[-2000:]
+    assert files_in(tmp_path / "logs") == ["r.resume", "r_1.log"]
+    text = log.read_text()
+    assert text.startswith(stopped + "\nResuming trial 1 of 3\n"), text[len(stopped) - 200:]
+    seeds = re.findall(r"^seed (\d+)$", text, re.M)
+    assert len(seeds) == 2 and seeds[0] == seeds[1], seeds
+
+
+@pytest.mark.parametrize("state, says", [
+    ("resume_trial=1\nresume_seed=7\ntouch {marker}\n", "line 3 is not the launcher's state (touch "),
+    ("resume_trial=$(touch {marker})\n", "line 1 is not the launcher's state (resume_trial=$(touch "),
+    ("resume_trial=1\nresume_seed=7\nused_seeds=7; touch {marker}\nfailed=\n", "line 3 is not the launcher's state"),
+    ("resume_trial=9\nresume_seed=7\nused_seeds=7\nfailed=\n", "resumes trial 9, not one of NEXP=3"),
+])
+def test_the_resume_state_is_read_as_data_never_run(shared, tmp_path, state, says):
+    """LOGDIR/DATESTAMP.resume (a results folder, often shared and mounted into the container) was `source`d by the
+    launcher: text planted in it ran on the host. It is read as the four lines of numbers the launcher writes; any
+    other line, or a trial above NEXP, is one line and no trial runs."""
+    marker = tmp_path / "ran"
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "r.resume").write_text(state.format(marker=marker))
+    env = {**TINY_KEEP_CACHES, "DATADIR": shared["data"], "LOGDIR": str(tmp_path / "logs"), "NEXP": "3", "DATESTAMP": "r"}
+    command, _ = launcher("./run_with_docker.sh", env)
+    result = run(command, site(tmp_path, RESUMABLE))
+    assert result.returncode == 2 and not marker.exists()
+    assert_one_line_naming(result, f"run_with_docker.sh: {tmp_path}/logs/r.resume: {says}")
+    assert files_in(tmp_path / "logs") == ["r.resume"]
+
+
+@pytest.mark.slow
+def test_run_stop_success_is_success_when_a_rank_hangs_at_exit(shared, tmp_path):
+    """Two ranks under horovodrun (MPI, as Horovod is built here and in the image); rank 1 hangs after run_stop and
+    its alarm ends it: horovodrun exits non-zero, the trial succeeded."""
+    env = {**TINY_KEEP_CACHES, "DGXNGPU": "2", "KVSTORE": "horovod", "DATADIR": shared["data"], "RN50_EXIT_TIMEOUT": "2"}
+    command, _ = launcher("./run_and_time.sh", env)
+    result = run(command, site(tmp_path, HANGS_AT_EXIT), timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "after run_stop success (a process hung on its way out" in result.stderr
+    assert re.search(r"^RESULT,IMAGE_CLASSIFICATION,,\d+,", result.stdout, re.M)
+
+
+def sigterm_to_run_with_docker(env, out, ready):
+    """sigterm_to() on run_with_docker.sh (`env` after config/CPU.sh), which must exit 143; its output."""
+    status, text = sigterm_to(launcher("./run_with_docker.sh", env)[0], out, ready)
+    assert status == 143, text[-3000:]
+    return text
+
+
+def runs(procs, module):
+    return any(module in " ".join(p.cmdline()) for p in procs)
+
+
+@pytest.mark.slow
+def test_sigterm_on_run_with_docker_stops_the_running_trial(shared, tmp_path):
+    """The old launcher died alone and left the trial training to its end."""
+    env = {**TINY_KEEP_CACHES, "NUMEPOCHS": "200", "ACCURACY_THRESHOLD": "1.0", "DATADIR": shared["data"],
+           "LOGDIR": str(tmp_path / "logs"), "NEXP": "2", "DATESTAMP": "t"}
+    text = sigterm_to_run_with_docker(env, tmp_path / "out.txt",
+                                      lambda out, procs: '"key": "epoch_start"' in out and runs(procs, "rn50_mx.train"))
+    assert "run_with_docker.sh: stopped by SIGTERM in trial 1 of 2 (no run_stop); no further trial runs" in text
+    assert "RESULT," not in text and "Beginning trial 2" not in text
+    assert files_in(tmp_path / "logs") == ["t_1.log"]
+
+
+@pytest.mark.slow
+def test_sigterm_before_the_first_trial_stops_the_self_test(shared, tmp_path):
+    """SELFTEST=1: the old launcher ran the self-test outside any trial's group and died alone on SIGTERM, leaving
+    the self-test (minutes on a GPU node) running; a SIGTERM while a long child ran ended it without its line."""
+    env = {**TINY_KEEP_CACHES, "DATADIR": shared["data"], "LOGDIR": str(tmp_path / "logs"), "NEXP": "1", "DATESTAMP": "t",
+           "SELFTEST": "1"}
+
+    def self_test_under_way(out, procs):
+        """The self-test has run for a few seconds: the launcher is waiting on it when the SIGTERM comes."""
+        if not runs(procs, "rn50_mx.selftest"):
+            return False
+        time.sleep(3)
+        return True
+
+    text = sigterm_to_run_with_docker(env, tmp_path / "out.txt", self_test_under_way)
+    assert "run_with_docker.sh: stopped by SIGTERM before the first trial; no further trial runs" in text
+    assert "Beginning trial" not in text
+
+
+@pytest.mark.slow
+def test_slurms_sigusr1_to_every_process_of_a_trial_stops_it_resumable(shared, tmp_path):
+    """Slurm's --signal=USR1 (run.sub) reaches every process of the step: run_and_time.sh died of it (bash's default
+    action) while the rank wrote its checkpoint, so the trial was a failure and the job was not requeued."""
+    folder = tmp_path / "ckpt"
+    env = {**TINY_KEEP_CACHES, "NUMEPOCHS": "200", "ACCURACY_THRESHOLD": "1.0", "DATADIR": shared["data"],
+           "RN50_CHECKPOINT_DIR": str(folder)}
+    command, _ = launcher("./run_and_time.sh", env)
+    out = tmp_path / "out.txt"
+    with open(out, "w") as sink:
+        proc = subprocess.Popen(command, env={"PATH": ENV_PATH, "HOME": "/tmp", **PYTHONPATH}, cwd=ROOT,
+                                stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while '"key": "epoch_start"' not in out.read_text():
+            assert proc.poll() is None and time.time() < deadline, out.read_text()[-3000:]
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGUSR1)
+        assert proc.wait(timeout=120) == 75, out.read_text()[-3000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = out.read_text()
+    assert "run_and_time.sh: stopped, resumable (checkpoint " in text and "RESULT," not in text
+    assert [name for name in files_in(folder) if name.startswith("step-")]

@@ -1,4 +1,5 @@
 """Running our commands and scripts as a user would: a clean environment, the test run's python first on PATH."""
+import contextlib
 import os
 import re
 import signal
@@ -6,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -57,3 +59,60 @@ def clean_environ():
     from rn50_mx import config
     ours = {f.metadata["env"] for f in config.FIELDS.values()} | set(config.REFERENCE_ONLY_ENV)
     return {k: v for k, v in os.environ.items() if k not in ours and not k.startswith(config.OWNED_ENV_PREFIXES)}
+
+
+def run(command, env=None, timeout=120, **kwargs):
+    full_env = {"PATH": ENV_PATH, "HOME": os.environ.get("HOME", "/tmp"), **PYTHONPATH, **(env or {})}
+    return subprocess.run(command, env=full_env, cwd=ROOT, capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def py(*args):
+    return [sys.executable, "-m", *map(str, args)]
+
+
+def launcher(command, env):
+    """A launcher after `source config/CPU.sh`, with `env` exported after it."""
+    exports = "".join(f"export {name}={value!r}; " for name, value in env.items())
+    return ["bash", "-c", f"set -euo pipefail; source config/CPU.sh; {exports}exec {command}"], {}
+
+
+@contextlib.contextmanager
+def mounted(path, options):
+    """A tmpfs at `path` mounted with `options` (root only: the probe is skipped elsewhere)."""
+    os.makedirs(path, exist_ok=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True).returncode:
+        pytest.skip("needs root to mount a tmpfs")
+    try:
+        yield str(path)
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def files_in(folder):
+    return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+
+
+def sigterm_to(command, out, ready):
+    """Start `command` (from the repository), send it SIGTERM once ready(output, its processes) holds; none of its
+    processes may be left running. Returns its exit status and its output."""
+    with open(out, "w") as sink:
+        proc = subprocess.Popen(command, env={"PATH": ENV_PATH, "HOME": "/tmp", **PYTHONPATH}, cwd=ROOT,
+                                stdout=sink, stderr=subprocess.STDOUT)
+    procs = []
+    try:
+        deadline = time.time() + 300
+        while not ready(out.read_text(), procs):
+            assert proc.poll() is None and time.time() < deadline, out.read_text()[-3000:]
+            time.sleep(0.2)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                procs = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGTERM)
+        status = proc.wait(timeout=60)
+        _, alive = psutil.wait_procs(procs, timeout=15)
+        alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not alive, [p.cmdline() for p in alive]
+        return status, out.read_text()
+    finally:
+        for p in [*procs, psutil.Process(proc.pid)] if proc.poll() is None else procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
