@@ -1,12 +1,13 @@
 """Settings at every entry point: a bad setting stops run_and_time.sh, train and run_with_docker.sh with one line
 naming the variable; the image's and DALI's own variables pass; every config sources cleanly and validates (GPU
-configs too: validation needs no GPU); an export after sourcing overrides the config."""
+configs too: validation needs no GPU); an export after sourcing overrides the config; train's flags and
+environment alike."""
 import glob
 import os
 
 import pytest
 
-from tests.support.procs import ROOT, assert_one_line_naming, sourced
+from tests.support.procs import ROOT, assert_one_line_naming, run_train, sourced
 
 
 SYSTEMS = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "config", "*.sh"))
@@ -95,3 +96,13 @@ def test_gpu_configs_export_the_normconv_support_the_reference_exports(system):
     """GPU review 3, F4: the reference (config_NF5688M6_common.sh) and NVIDIA's v4.0 24.04 configs export
     MXNET_EXTENDED_NORMCONV_SUPPORT=1, and rn50_mx runs NormConv where MXNet has it."""
     assert sourced(system, 'echo "$MXNET_EXTENDED_NORMCONV_SUPPORT"').stdout.strip() == "1"
+
+
+@pytest.mark.parametrize("argv,env,name", [
+    (["--batch-size", "abc"], {}, "--batch-size"),
+    ([], {"LR": "-1"}, "LR"),
+])
+def test_a_bad_setting_is_one_line_naming_it(argv, env, name):
+    result = run_train(argv, env)
+    assert_one_line_naming(result, name)
+    assert result.returncode == 2 and result.stderr.startswith("rn50_mx.train: error: ")

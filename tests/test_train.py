@@ -16,7 +16,7 @@ import pytest
 from rn50_mx import config, data, dist, model, optim, prep_rec, timing, train
 from rn50_mx.config import Settings
 from tests.support.mllog import CHECKER_ON_A_SHORT_RUN, events, values
-from tests.support.procs import assert_one_line_naming, clean_environ, sourced, wait_for
+from tests.support.procs import assert_one_line_naming, clean_environ, run_train, sourced, wait_for
 
 CLASSES = ("1_trouser", "5_sandal", "8_bag")  # Fashion-MNIST folders; labels 0, 1, 2 in this order
 PER_CLASS = 10
@@ -80,12 +80,6 @@ def test_an_eval_batch_of_repeats_only_is_skipped(small_rec):
 
 
 # --- real runs ----------------------------------------------------------------------------------------------
-
-def run_train(argv, env=None, timeout=600):
-    """`python -m rn50_mx.train ARGV` in a clean environment (plus `env`); the CompletedProcess."""
-    return subprocess.run([sys.executable, "-m", "rn50_mx.train", *argv], env={**clean_environ(), **(env or {})},
-                          capture_output=True, text=True, timeout=timeout)
-
 
 @pytest.fixture(scope="module")
 def recs(tmp_path_factory):
@@ -201,16 +195,6 @@ def test_the_clock_starts_after_init_and_before_the_data(unreached):
 
 
 # --- bad input ------------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("argv,env,name", [
-    (["--batch-size", "abc"], {}, "--batch-size"),
-    ([], {"LR": "-1"}, "LR"),
-])
-def test_a_bad_setting_is_one_line_naming_it(argv, env, name):
-    result = run_train(argv, env)
-    assert_one_line_naming(result, name)
-    assert result.returncode == 2 and result.stderr.startswith("rn50_mx.train: error: ")
-
 
 def test_a_missing_train_rec_is_one_line_naming_it(tmp_path):
     missing = str(tmp_path / "missing.rec")

@@ -61,6 +61,12 @@ def clean_environ():
     return {k: v for k, v in os.environ.items() if k not in ours and not k.startswith(config.OWNED_ENV_PREFIXES)}
 
 
+def run_train(argv, env=None, timeout=600):
+    """`python -m rn50_mx.train ARGV` in a clean environment (plus `env`); the CompletedProcess."""
+    return subprocess.run([sys.executable, "-m", "rn50_mx.train", *argv], env={**clean_environ(), **(env or {})},
+                          capture_output=True, text=True, timeout=timeout)
+
+
 def run(command, env=None, timeout=120, **kwargs):
     full_env = {"PATH": ENV_PATH, "HOME": os.environ.get("HOME", "/tmp"), **PYTHONPATH, **(env or {})}
     return subprocess.run(command, env=full_env, cwd=ROOT, capture_output=True, text=True, timeout=timeout, **kwargs)
