@@ -26,8 +26,9 @@ for a stop. Every CHECK_PERIOD steps the ranks sum their requests in a tiny allr
 so that no step waits for it; all ranks see the same sum at the same step, write a checkpoint there and exit 75.
 Without a folder nothing changes: the default actions end a rank at once (dist.py says why).
 
-The parts: disk.py (durable writes, the checks of meta.json), settings.py (which settings must match), folder.py (the
-lock, the choice, writing and reading), trainer_file.py (the optimizer's state), stops.py (the signals and the agreed step), model_file.py (--save-model).
+The parts: disk.py (durable writes, the checks of meta.json), folder.py (the lock, the choice, writing and reading,
+and which settings a resumed run must share with its checkpoint's), trainer_file.py (the optimizer's state),
+stops.py (the signals and the agreed step), model_file.py (--save-model).
 """
 from ..errors import InputError
 from .disk import first_line, read_meta

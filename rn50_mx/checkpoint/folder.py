@@ -1,5 +1,6 @@
 """The checkpoint folder of a run: the lock, choosing the checkpoint to resume from, writing one and reading it
-back."""
+back, and which settings a resumed run must share with its checkpoint's run (those that decide the data order and
+the numerics)."""
 import dataclasses
 import json
 import os
@@ -16,11 +17,26 @@ from .. import config, dist, files
 from ..errors import InputError
 from . import trainer_file
 from .disk import META, first_line, fsync_path, problem, read_meta, summary, write_bytes
-from .settings import FREE, differences
 
 STEP = re.compile(r"^step-(\d+)$")
 KEPT = 2  # complete checkpoints kept: the newest and the one before it
 FINISHED = "finished"  # written when the run ends with run_stop: its checkpoints are not to be resumed
+
+# Settings that do not change what a run computes; every other one must match the checkpoint's. The world size is
+# compared instead of the node and GPU counts.
+FREE = {"checkpoint_dir", "checkpoint_every", "save_model", "mllog_file", "disp_batches", "exit_timeout",
+        "cache_cleared", "submission_org", "dgxsystem", "dgxnnodes", "dgxngpu", "seed"}
+
+
+def differences(saved, s, world):
+    """'--flag VALUE (checkpoint: OLD)' for each setting that decides the data order or the numerics and differs
+    from the checkpoint's (the seed only when given: a run without one takes the checkpoint's)."""
+    now = {**{f: getattr(s, f) for f in config.FIELDS if f not in FREE}, "ranks": world}
+    was = {**saved["settings"], "ranks": saved["world"]}
+    if s.seed is not None:
+        now["seed"], was["seed"] = s.seed, saved["seed"]
+    return [f"{config.flag_name(k) if k != 'ranks' else 'ranks'} {now[k]} (checkpoint: {was.get(k)})"
+            for k in now if now[k] != was.get(k)]
 
 
 @dataclasses.dataclass
