@@ -12,7 +12,7 @@ the full grid, every point timed for ROUNDS windows, its best by images/s; then 
 (rn50_mx/tune/search.py, no budget, target 0.98); and last, side by side in alternating rounds with synthetic
 batches, the settings of: the config as sourced ("defaults"), the rule of thumb "threads 3-5, prefetch 2" (3
 threads here), the grid's best, and the tuner's choice (the same settings timed once). Every window is rn50_mx/measure.py's (DRAIN untimed steps,
-STEPS timed), in this process or, for another OMP_NUM_THREADS, in a worker process (rn50_mx/tune/hosts.py).
+STEPS timed), in this process or, for another OMP_NUM_THREADS, in a worker process (rn50_mx/tune/workers.py).
 
 Prints a line per grid point and per tuner candidate, then for each config real/synthetic of each contender and the
 minutes each search took; the last line: the tuner's real/synthetic over the grid best's and its time over the
@@ -130,11 +130,11 @@ def final(pool, s, contenders, args):
 def bench(name, s, args):
     """One configuration: the grid, the tuner, the final comparison; returns its summary figures."""
     from rn50_mx import dist
-    from rn50_mx.tune import hosts, space
+    from rn50_mx.tune import space, workers
 
     print(f"{name}: batch {s.batch_size}, {s.image_shape}, {s.data_train}; start {space.describe(space.start(s))}",
           flush=True)
-    pool = hosts.Hosts(s, dist.context(s, 0))
+    pool = workers.Workers(s, dist.context(s, 0))
     try:
         best, grid_s = grid(pool, s, args)
         choice, ours_s = ours(pool, s, args)

@@ -5,7 +5,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/A100x8_1node_common.sh"
 
 export DALI_THREADS=5
 export DALI_PREFETCH_QUEUE=15
-export DALI_HW_DECODER_LOAD=0.7  # share of val JPEGs for the A100 hardware decoder
+export DALI_HW_DECODER_LOAD=0.7  # share of JPEGs (train and val) for the A100 hardware decoder
 
 export DGXSOCKETCORES=32
 DGXSYSTEM=$(basename "${BASH_SOURCE[0]}" .sh)

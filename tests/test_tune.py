@@ -9,7 +9,7 @@ import pytest
 
 from tests.support.procs import ROOT, bash, sourced
 from rn50_mx import config
-from rn50_mx.tune import hosts, output, search, space
+from rn50_mx.tune import output, search, space, workers
 
 # The demo's step, small: the test's .rec has 3 classes of 7 images.
 SMALL = {"BATCHSIZE": "4", "NUM_CLASSES": "3", "SEED": "1"}
@@ -68,12 +68,12 @@ def test_search_moves_one_knob_at_a_time_and_keeps_antialiasing(small_rec):
     """A search with a target it cannot reach tries the knobs' neighbours, each candidate one knob away from an
     incumbent, antialiasing never among them; an OpenMP candidate is timed in a worker process."""
     s = small_settings(small_rec)
-    pool = hosts.Hosts(s, mx.cpu())
+    pool = workers.Workers(s, mx.cpu())
     try:
         knobs = space.searched(s, False)[:2]  # DALI's threads, then MXNet's (in a worker process)
         run = search.Search(pool, space.start(s), knobs, budget_s=1e9, target=100.0, steps=1, rounds=1)
         choice = run.run()
-        workers = list(pool.remote)
+        remote = list(pool.remote)
     finally:
         pool.close()
     assert run.stop == "every knob tried" and run.rows[0].verdict == "start"
@@ -82,7 +82,7 @@ def test_search_moves_one_knob_at_a_time_and_keeps_antialiasing(small_rec):
         assert min(sum(row.knobs[k] != inc[k] for k in row.knobs) for inc in incumbents if inc != row.knobs) == 1
         assert "dali_resize_antialias" not in row.knobs
     assert choice == incumbents[-1]
-    assert workers and all(omp != run.rows[0].knobs["omp_num_threads"] for omp in workers)
+    assert remote and all(omp != run.rows[0].knobs["omp_num_threads"] for omp in remote)
 
 
 @pytest.mark.parametrize("target", ["0.98", "0"])

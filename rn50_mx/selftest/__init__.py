@@ -41,7 +41,7 @@ def parse_args(argv):
     return args, flags
 
 
-# --- the stack -------------------------------------------------------------------------------------------------
+# --- the checks after the stack, on the configured device ------------------------------------------------------
 
 
 def device_checks(s, ranks, steps, flags):

@@ -6,7 +6,7 @@ data reach the target share of the ceiling or the budget is spent, and writes th
     source config/CPU.sh
     DATADIR=data/fashion-mnist python -m rn50_mx.tune [--budget MIN] [--dry-run] [rn50_mx.train flags]
 
-Modules: space (the knobs and their values), hosts (where a candidate is timed: this process, or a worker with
+Modules: space (the knobs and their values), workers (where a candidate is timed: this process, or a worker with
 another OMP_NUM_THREADS), search (coordinate descent in paired rounds), output (the plan, the table, the fragment).
 The timing itself is rn50_mx/measure.py's, shared with bench/train_step.py and the self-test.
 """
@@ -55,12 +55,12 @@ def settings(rest, need_data=True):
 def tune(s, args):
     """Time, search, print the table, write the fragment; returns the fragment's path."""
     from .. import dist
-    from . import hosts, search
+    from . import search, workers
 
     start = space.start(s, args.allow_augmentation_changes)
     path = os.path.join(args.out, f"{s.dgxsystem}_tuned.sh")
     with output.owned_fragment(path):  # the output is writable and ours before the measurement begins
-        pool = hosts.Hosts(s, dist.context(s, 0))
+        pool = workers.Workers(s, dist.context(s, 0))
         try:
             run = search.Search(pool, start, space.searched(s, args.allow_augmentation_changes), args.budget * 60,
                                 args.target, args.steps, args.rounds,
@@ -80,10 +80,10 @@ def main(argv=None):
     args, rest = parse_args(sys.argv[1:] if argv is None else argv)
     if args.worker:
         from .. import dist
-        from . import hosts
+        from . import workers
 
         s = config.load(rest, prog="rn50_mx.tune")
-        return hosts.serve(s, dist.context(s, 0))
+        return workers.serve(s, dist.context(s, 0))
     s = settings(rest, need_data=not args.dry_run)
     print(output.plan(s, space.start(s, args.allow_augmentation_changes),
                       space.searched(s, args.allow_augmentation_changes), args), flush=True)

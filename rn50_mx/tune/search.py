@@ -26,11 +26,11 @@ Row = collections.namedtuple("Row", "knobs rate ratio verdict seconds")
 
 
 class Search:
-    """One search on `hosts` (hosts.Hosts) from `knobs` over `space_` (space.searched); progress(row) is called
+    """One search on `workers` (workers.Workers) from `knobs` over `space_` (space.searched); progress(row) is called
     for every candidate timed."""
 
-    def __init__(self, hosts, knobs, space_, budget_s, target, steps, rounds=ROUNDS, progress=None):
-        self.hosts, self.space, self.budget_s, self.target = hosts, space_, budget_s, target
+    def __init__(self, workers, knobs, space_, budget_s, target, steps, rounds=ROUNDS, progress=None):
+        self.workers, self.space, self.budget_s, self.target = workers, space_, budget_s, target
         self.steps, self.rounds, self.progress = steps, rounds, progress or (lambda row: None)
         self.incumbent, self.rows, self.tried, self.stop = dict(knobs), [], set(), ""
         self.tic = time.perf_counter()
@@ -42,7 +42,7 @@ class Search:
         """(the incumbent's median Rate, its median per-round ratio to synthetic batches, the comparison's seconds),
         the two timed side by side; sets the ceiling and the incumbent's real/synthetic."""
         tic = time.perf_counter()
-        timers = {"synthetic": self.hosts.timer(None, self.steps), "real": self.hosts.timer(self.incumbent, self.steps)}
+        timers = {"synthetic": self.workers.timer(None, self.steps), "real": self.workers.timer(self.incumbent, self.steps)}
         rates = measure.side_by_side(timers, self.rounds)
         self.ceiling = measure.median(rates["synthetic"])
         self.ratio = statistics.median(r.images_per_s / c.images_per_s for r, c in zip(rates["real"], rates["synthetic"]))
@@ -69,8 +69,8 @@ class Search:
     def compare(self, candidates):
         """[(candidate, median Rate, median per-round gain over the incumbent, rounds timed)], the candidates and
         the incumbent timed side by side; a candidate below DROP after round 1 is timed no more."""
-        timers = {"incumbent": self.hosts.timer(self.incumbent, self.steps)}
-        timers.update((i, self.hosts.timer(c, self.steps)) for i, c in enumerate(candidates))
+        timers = {"incumbent": self.workers.timer(self.incumbent, self.steps)}
+        timers.update((i, self.workers.timer(c, self.steps)) for i, c in enumerate(candidates))
 
         def drop_far_below(r, rates):
             for i in range(len(candidates)):

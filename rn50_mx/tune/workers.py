@@ -11,7 +11,7 @@ import sys
 from .. import children, config, dist, measure, train
 from . import space
 
-KEEP = 5  # pipelines a host keeps built: the incumbent, the candidate, and the bench's final comparison
+KEEP = 5  # pipelines a worker keeps built: the incumbent, the candidate, and the bench's final comparison
 MARK = "RATE "
 
 
@@ -74,14 +74,14 @@ def serve(s, ctx):
     return 0
 
 
-class Hosts:
-    """Every candidate's host: this process for its own OpenMP thread count, a worker for each other one."""
+class Workers:
+    """Where each candidate is measured: this process for its own OpenMP thread count, a worker for each other one."""
 
     def __init__(self, s, ctx):
         self.s, self.own = s, space.start(s).get("omp_num_threads")
         self.local, self.remote = Local(s, ctx), {}
 
-    def host(self, knobs):
+    def measurer(self, knobs):
         omp = (knobs or {}).get("omp_num_threads", self.own)
         if omp == self.own:
             return self.local
@@ -91,8 +91,8 @@ class Hosts:
 
     def timer(self, knobs, steps):
         """A function timing one window of the candidate (None: synthetic batches, here)."""
-        host = self.host(knobs)
-        return lambda: host.rate(knobs, steps)
+        measurer = self.measurer(knobs)
+        return lambda: measurer.rate(knobs, steps)
 
     def close(self):
         for remote in self.remote.values():
