@@ -1,7 +1,13 @@
 # shellcheck shell=bash source-path=SCRIPTDIR
 # The one-node recipe of config_NF5688M6.sh (1 node x 8 GPUs x 408 = 3264 images per step), shared by NF5688M6,
 # NF5488A5 and DGXA100. Source a system file, not this.
-source "$(dirname "${BASH_SOURCE[0]}")/A100x8_common.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_common.sh"
+
+## System: 8 GPUs per node, 2 sockets with hyperthreading. DGXNSOCKET, DGXSOCKETCORES and DGXHT describe the
+## machine only; run_and_time.sh reads the real topology from lscpu to bind ranks to cores.
+export DGXNGPU=8
+export DGXNSOCKET=2
+export DGXHT=2
 
 export BATCHSIZE=408  # per GPU
 export LR=10.5

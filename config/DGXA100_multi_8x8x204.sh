@@ -1,6 +1,12 @@
 # shellcheck shell=bash source-path=SCRIPTDIR
 # 8 NVIDIA DGX A100 nodes (64 GPUs, InfiniBand): 8 nodes x 8 GPUs x 204 = 13056 images per step. Submit run.sub.
-source "$(dirname "${BASH_SOURCE[0]}")/A100x8_common.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_common.sh"
+
+## System: 8 GPUs per node, 2 sockets with hyperthreading. DGXNSOCKET, DGXSOCKETCORES and DGXHT describe the
+## machine only; run_and_time.sh reads the real topology from lscpu to bind ranks to cores.
+export DGXNGPU=8
+export DGXNSOCKET=2
+export DGXHT=2
 
 export BATCHSIZE=204  # per GPU
 export LR=12.8

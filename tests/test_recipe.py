@@ -36,7 +36,7 @@ def listing(stdout):
 @pytest.fixture
 def config_dir(tmp_path):
     """A config folder with the shared common file the written configs source."""
-    shutil.copy(os.path.join(ROOT, "config", "A100x8_common.sh"), tmp_path)
+    shutil.copy(os.path.join(ROOT, "config", "gpu_common.sh"), tmp_path)
     return tmp_path
 
 
@@ -134,7 +134,7 @@ def test_a_machine_that_reaches_nothing_says_so(config_dir):
     result = run_recipe(config_dir, "--nodes", "1", "--gpus-per-node", "1", "--max-batch-per-gpu", "100")
     assert_one_line_naming(result, "--max-batch-per-gpu 100")
     assert "global batch 100 is outside every RCP and published run" in result.stderr
-    assert os.listdir(config_dir) == ["A100x8_common.sh"]
+    assert os.listdir(config_dir) == ["gpu_common.sh"]
 
 
 @pytest.mark.parametrize("system, nodes, gpus", [("NF5688M6", 1, 8), ("DGXA100_multi_8x8x204", 8, 8)])
@@ -174,7 +174,7 @@ def test_the_memory_a_config_needs_is_stated_against_the_gpus(config_dir):
 def test_a_bad_gpu_memory_is_one_line_naming_it(config_dir, value):
     result = run_recipe(config_dir, "--nodes", "1", "--gpus-per-node", "8", f"--gpu-memory={value}")
     assert_one_line_naming(result, "--gpu-memory")
-    assert os.listdir(config_dir) == ["A100x8_common.sh"]
+    assert os.listdir(config_dir) == ["gpu_common.sh"]
 
 
 def test_config_is_not_overwritten_unless_forced(config_dir):
@@ -183,7 +183,7 @@ def test_config_is_not_overwritten_unless_forced(config_dir):
     again = run_recipe(config_dir, *flags)
     assert_one_line_naming(again, "FOUR.sh: exists; the config there is kept (give --force")
     assert run_recipe(config_dir, *flags, "--force").returncode == 0
-    assert sorted(os.listdir(config_dir)) == ["A100x8_common.sh", "FOUR.sh"]
+    assert sorted(os.listdir(config_dir)) == ["FOUR.sh", "gpu_common.sh"]
     written, verdict = check_written(config_dir / "FOUR.sh")
     assert (written["--batch-size"], written["--lr"], written["--dgxngpu"]) == ("408", "7.4", "4")
     assert verdict == "RCP (1.0.0): global batch 1632: matches the RCP resnet_ref_1632"
@@ -257,7 +257,7 @@ def test_a_config_name_that_is_not_a_name_is_one_line(config_dir, tmp_path, syst
     marker = tmp_path / "ran"
     result = run_recipe(config_dir, "--nodes", "1", "--gpus-per-node", "4", f"--system={system.format(marker=marker)}")
     assert_one_line_naming(result, "--system")
-    assert os.listdir(config_dir) == ["A100x8_common.sh"] and not os.path.exists(tmp_path.parent / "escaped.sh")
+    assert os.listdir(config_dir) == ["gpu_common.sh"] and not os.path.exists(tmp_path.parent / "escaped.sh")
 
 
 def test_the_command_in_the_config_s_comment_stays_one_line(tmp_path):
@@ -265,7 +265,7 @@ def test_the_command_in_the_config_s_comment_stays_one_line(tmp_path):
     newline) neither breaks the comment nor runs anything when the config is sourced."""
     folder = tmp_path / "cfg\ntouch ran"
     folder.mkdir()
-    shutil.copy(os.path.join(ROOT, "config", "A100x8_common.sh"), folder)
+    shutil.copy(os.path.join(ROOT, "config", "gpu_common.sh"), folder)
     result = run_recipe(folder, "--nodes", "1", "--gpus-per-node", "4", "--system", "ODD")
     assert result.returncode == 0, result.stderr
     text = (folder / "ODD.sh").read_text()

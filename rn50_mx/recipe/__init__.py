@@ -53,7 +53,7 @@ def parse_args(argv=None):
                              f"{os.cpu_count()})")
     parser.add_argument("--img-per-sec-per-gpu", type=float, help="your measured training images/s per GPU")
     parser.add_argument("--system", help="config name (default custom_<nodes>x<gpus>x<batch>)")
-    parser.add_argument("--config-dir", default="config", help="where the configs and A100x8_common.sh are")
+    parser.add_argument("--config-dir", default="config", help="where the configs and gpu_common.sh are")
     parser.add_argument("--force", action="store_true", help="replace an existing config/<NAME>.sh")
     args = parser.parse_args(argv)
     for flag in ("nodes", "gpus_per_node", "max_batch_per_gpu", "cores_per_node"):
@@ -66,8 +66,8 @@ def parse_args(argv=None):
     if args.system is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", args.system):
         raise InputError(f"--system {args.system!r}: a config name is letters, digits, '.', '_' and '-' (it names "
                          "config/<NAME>.sh and the launchers' DGXSYSTEM)")
-    if not os.path.isfile(os.path.join(args.config_dir, "A100x8_common.sh")):
-        raise InputError(f"--config-dir {args.config_dir}: no A100x8_common.sh there (run from the rn50-mx checkout)")
+    if not os.path.isfile(os.path.join(args.config_dir, "gpu_common.sh")):
+        raise InputError(f"--config-dir {args.config_dir}: no gpu_common.sh there (run from the rn50-mx checkout)")
     return args
 
 

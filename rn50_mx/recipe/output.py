@@ -84,8 +84,8 @@ def config_text(recipe, command, img_per_sec, gpu, cores_per_gpu):
 # {recipe.nodes} node(s) x {recipe.gpus_per_node} GPUs x {recipe.batch_per_gpu} = {recipe.global_batch} images per step,
 # written by `{command}` (ruleset {recipe.ruleset}).
 # Recipe ({recipe.kind}): {recipe.basis}
-# The GPU settings every config shares (precision, layout, LARS, DALI hints, Horovod, NCCL): A100x8_common.sh
-source "$(dirname "${{BASH_SOURCE[0]}}")/A100x8_common.sh"
+# The GPU settings every config shares (precision, layout, LARS, DALI hints, Horovod, NCCL): gpu_common.sh
+source "$(dirname "${{BASH_SOURCE[0]}}")/gpu_common.sh"
 
 export BATCHSIZE={recipe.batch_per_gpu}  # per GPU
 export LR={number(recipe.lr)}

@@ -1,6 +1,7 @@
 # shellcheck shell=bash source-path=SCRIPTDIR
 # Shared by every GPU config (NF5688M6, NF5488A5, DGXA100, DGXA100_multi_8x8x204 and those `python -m rn50_mx.recipe`
-# writes, any GPU count): the GPU path, the fixed part of the LARS recipe and the runtime knobs. Values are the
+# writes, any GPU and node count): the GPU path, the fixed part of the LARS recipe and the runtime knobs; the machine
+# (GPUs per node, sockets) is the system file's. Values are the
 # reference's (config_NF5688M6.sh and config_NF5688M6_common.sh). Source a system file, not this.
 
 ## How rn50_mx runs on these machines (the reference passed these as fixed flags in run_and_time.sh)
@@ -52,9 +53,3 @@ export MXNET_EXTENDED_NORMCONV_SUPPORT=1
 ## MPI and NCCL
 export OMPI_MCA_btl="^openib"  # no openib BTL (the reference: avoids a Horovod/NCCL deadlock at 96 nodes)
 export NCCL_SOCKET_IFNAME=""
-
-## System: 8 GPUs per node, 2 sockets with hyperthreading. DGXNSOCKET, DGXSOCKETCORES and DGXHT describe the
-## machine only; run_and_time.sh reads the real topology from lscpu to bind ranks to cores.
-export DGXNGPU=8
-export DGXNSOCKET=2
-export DGXHT=2
