@@ -87,13 +87,13 @@ class Settings:
                                        "ImageRecordIter: a third less CPU per train image, bench/pipeline.py)",
                                        env="DALI_RESIZE_ANTIALIAS")
     dali_tmp_buffer_hint: int = _opt(25273239, "resize temp buffer hint, bytes", env="DALI_TMP_BUFFER_HINT",
-                                     low=0, high=2**31 - 1)
+                                     low=0, high=1 << 40)
     dali_decoder_buffer_hint: int = _opt(1315942, "decoder bytes per sample hint",
-                                         env="DALI_DECODER_BUFFER_HINT", low=0, high=2**31 - 1)
+                                         env="DALI_DECODER_BUFFER_HINT", low=0, high=1 << 40)
     dali_crop_buffer_hint: int = _opt(165581, "crop/resize bytes per sample hint",
-                                      env="DALI_CROP_BUFFER_HINT", low=0, high=2**31 - 1)
+                                      env="DALI_CROP_BUFFER_HINT", low=0, high=1 << 40)
     dali_normalize_buffer_hint: int = _opt(441549, "normalize bytes per sample hint",
-                                           env="DALI_NORMALIZE_BUFFER_HINT", low=0, high=2**31 - 1)
+                                           env="DALI_NORMALIZE_BUFFER_HINT", low=0, high=1 << 40)
 
     # --- model ------------------------------------------------------------------------------------
     dtype: str = _opt("float32", "compute precision (float16 keeps fp32 master weights)", env="DTYPE",

@@ -185,7 +185,7 @@ def test_plot_output_is_checked_before_the_logs_are_read_and_owned_while_written
     missing = tmp_path / "no" / "runs.png"
     result = subprocess.run([sys.executable, "-m", "rn50_mx.timing", str(FIXTURE / "result_1.txt"), "--plot",
                              str(missing)], capture_output=True, text=True, env={**os.environ, **PYTHONPATH})
-    assert_one_line_naming(result, f"{missing}.lock")
+    assert_one_line_naming(result, f"{missing}: cannot write")
     assert result.stdout == ""
     png = tmp_path / "runs.png"
     held = files.lock_file(f"{png}.lock")
