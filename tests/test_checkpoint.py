@@ -26,10 +26,9 @@ import pytest
 from rn50_mx import checkpoint, config, model, optim, timing
 from rn50_mx.config import Settings
 from tests.support.mllog import events, values
-from tests.support.procs import assert_one_line_naming, clean_environ, wait_for
+from tests.support.procs import assert_one_line_naming, clean_environ, gloo_ranks, wait_for
 from tests.support.timing import edited_fixture, report_of
 
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 STEPS = 6  # per epoch: 24 images, batch 4 (2 ranks: batch 2 each)
 FLAGS = dict(num_classes=3, image_shape="3,32,32", batch_size=4, num_examples=24, num_epochs=2, warmup_epochs=1,
              lr=0.5, eval_offset=0, eval_period=1, min_random_area=0.3, dali_threads=1, seed=7, disp_batches=1,
@@ -56,7 +55,7 @@ def start(recs, ranks, out, **changes):
     """The training run in its own session (1 process, or horovodrun with 2), its output to `out`."""
     command = [sys.executable, "-m", "rn50_mx.train", *argv(recs, ranks, **changes)]
     if ranks == 2:
-        command = [HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2", *command]
+        command = [*gloo_ranks(2), *command]
     with open(out, "w") as f:
         return subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT, env=clean_environ(),
                                 start_new_session=True)
@@ -446,7 +445,7 @@ def test_save_model_is_checked_and_owned_before_the_run(tmp_path):
 def evaluate(recs, ranks, *extra, **changes):
     command = [sys.executable, "-m", "rn50_mx.evaluate", *extra, *argv(recs, ranks, **changes)]
     if ranks == 2:
-        command = [HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2", *command]
+        command = [*gloo_ranks(2), *command]
     return subprocess.run(command, env=clean_environ(), capture_output=True, text=True, timeout=240)
 
 

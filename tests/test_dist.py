@@ -18,20 +18,21 @@ import psutil
 import pytest
 
 from tests.support.mllog import CHECKER_ON_A_SHORT_RUN
+from tests.support.procs import PYTHONPATH, gloo_ranks
 from rn50_mx import data, dist, model, optim, timing, train
 from rn50_mx.config import Settings
 from rn50_mx.errors import InputError, run_cli
 
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 THIS = os.path.abspath(__file__)
 GLOBAL_BATCH, FEATURES, STEPS = 8, 12, 2
 
 
-def launch(n, command, out_file, **popen):
+def launch(n, command, out_file, env=None, **popen):
     """horovodrun with n Gloo processes on localhost running `command`; output to out_file. Returns the Popen."""
     with open(out_file, "w") as out:
-        return subprocess.Popen([HOROVODRUN, "--gloo", "-np", str(n), "-H", f"localhost:{n}", *command],
-                                stdout=out, stderr=subprocess.STDOUT, **popen)
+        return subprocess.Popen([*gloo_ranks(n), *command],
+                                stdout=out, stderr=subprocess.STDOUT, env={**(env or os.environ), **PYTHONPATH},
+                                **popen)
 
 
 def stop_tree(proc, procs=()):

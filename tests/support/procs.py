@@ -13,8 +13,14 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The python of this test run, and its horovodrun, come first on PATH: the scripts call `python`.
 ENV_PATH = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
-# A PYTHONPATH the tests run with (a worktree's checkout instead of the installed one) reaches the scripts too.
-PYTHONPATH = {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}
+# Every process a test starts imports this checkout's rn50_mx and tests/, whichever checkout the venv's editable
+# install points at: `tests` is not installed, and a script run by path has only its own folder on sys.path.
+PYTHONPATH = {"PYTHONPATH": os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])}
+
+
+def gloo_ranks(n):
+    """The command prefix that starts n Gloo ranks on this machine, with this Python's horovodrun."""
+    return [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "--gloo", "-np", str(n), "-H", f"localhost:{n}"]
 
 
 def wait_for(proc, out, pattern, timeout=240):
@@ -58,7 +64,8 @@ def clean_environ():
     """This process's environment without any variable rn50_mx reads, so only the test's flags count."""
     from rn50_mx import config
     ours = {f.metadata["env"] for f in config.FIELDS.values()} | set(config.REFERENCE_ONLY_ENV)
-    return {k: v for k, v in os.environ.items() if k not in ours and not k.startswith(config.OWNED_ENV_PREFIXES)}
+    kept = {k: v for k, v in os.environ.items() if k not in ours and not k.startswith(config.OWNED_ENV_PREFIXES)}
+    return {**kept, **PYTHONPATH}
 
 
 def run_train(argv, env=None, timeout=600):

@@ -16,7 +16,8 @@ import time
 
 import psutil
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support.procs import ROOT
+
 # What the cluster runs, and the Makefile targets (SYSTEM_PACKAGES) whose rule installs them with apt-get.
 BINARIES = ("/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged", "/usr/lib/x86_64-linux-gnu/libpmix.so")
 MAKE_TARGETS = ("/usr/sbin/slurmctld", "/usr/sbin/munged", "/usr/lib/x86_64-linux-gnu/libpmix.so")
