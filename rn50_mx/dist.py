@@ -135,7 +135,7 @@ def check_world(settings, d):
     horovodrun's rendezvous assumes one process, horovod/common/gloo/gloo_context.cc) each see a world of one and
     would otherwise run as independent full trainings. Every rank computes the same comparison, so all of them
     stop, before run_start."""
-    expected = settings.dgxnnodes * settings.dgxngpu
+    expected = settings.world_size
     local_size = d.hvd.local_size()
     if d.size == expected and local_size == settings.dgxngpu:
         return
@@ -155,7 +155,7 @@ def init(settings):
     try:
         import horovod.mxnet as hvd
     except ImportError:
-        if settings.dgxngpu * settings.dgxnnodes > 1:
+        if settings.world_size > 1:
             raise InputError("--kv-store horovod: Horovod is not installed, and one process cannot stand for "
                              f"{settings.dgxnnodes} node(s) x {settings.dgxngpu} processes") from None
         print("rn50_mx: --kv-store horovod but Horovod is not installed: running as one process", file=sys.stderr)

@@ -238,7 +238,7 @@ def train_on(s, d, ctx, base_seed, seed, saver):
     d.broadcast_params(net.collect_params())
     iters = data.build_iters(s, d.rank, d.size, seed, ctx)  # set-up: the pipelines, their readers not yet opened
     warm_up(net, loss_fn, trainer, s, ctx)
-    log.hyperparameters(s, s.batch_size * d.size)
+    log.hyperparameters(s)
     log.end(K.INIT_STOP)
     d.barrier()
     log.start(K.RUN_START)
