@@ -86,8 +86,7 @@ def accuracy(net, val_it, d):
         label = batch.label[0][:valid].reshape((-1, 1))
         correct += mx.nd.concat((top5[:, :1] == label).sum(), (top5 == label).sum(), dim=0)
         images += valid
-    counts = np.append(correct.asnumpy(), images).astype(np.int32)  # int32 as the reference's MPI reduction
-    counts = d.allreduce_sum(mx.nd.array(counts, ctx=dist.HOST, dtype="int32")).asnumpy()
+    counts = d.host_sum(np.append(correct.asnumpy(), images)).asnumpy()
     return counts[0] / counts[2], counts[1] / counts[2], int(counts[2])
 
 
@@ -153,8 +152,7 @@ def rank_seed(s, d):
     run_with_docker.sh)."""
     base = s.seed if s.seed is not None else random.SystemRandom().randint(0, 65535)
     if s.seed is None:  # each rank drew its own: take rank 0's (the one logged), the others adding 0
-        drawn = mx.nd.array([base if d.rank == 0 else 0], ctx=dist.HOST, dtype="int32")
-        base = int(d.allreduce_sum(drawn).asscalar())
+        base = int(d.host_sum([base if d.rank == 0 else 0]).asscalar())
     seeds = np.random.RandomState(base).randint(2**16, size=d.size)
     seed = int(seeds[d.rank])
     random.seed(seed)
