@@ -215,14 +215,21 @@ def run(s):
             return train_on(s, d, ctx, base_seed, seed, saver)
 
 
-def parts(s, ctx, steps, new_trainer, hybridize=True):
-    """(network, loss, trainer) as training runs them: the network built on `ctx` and hybridized (static_alloc and
-    static_shape; NVIDIA's fused NormConv operators run only in the traced graph), the smoothed loss, the optimizer
-    on the schedule of `steps` per epoch. The benches, the self-test and the tests build theirs here too; an
-    imperative network (hybridize=False) is for bench/train_step.py's comparison only."""
+def network(s, ctx, hybridize=True):
+    """The network of `s` on `ctx` as training runs it: hybridized with static_alloc and static_shape (NVIDIA's fused
+    NormConv operators run only in the traced graph). Evaluate and the self-test take theirs here; an imperative
+    network (hybridize=False) is for bench/train_step.py's comparison only."""
     net = model.build_model(s, ctx)
     if hybridize:
         net.hybridize(static_alloc=True, static_shape=True)  # runs nothing before the first forward
+    return net
+
+
+def parts(s, ctx, steps, new_trainer, hybridize=True):
+    """(network, loss, trainer) as training runs them: `network`, the smoothed loss, the optimizer on the schedule
+    of `steps` per epoch built by `new_trainer` (dist's d.trainer). The benches, measure and the tests build theirs
+    here too."""
+    net = network(s, ctx, hybridize)
     return net, optim.make_loss(s), optim.make_trainer(net, s, steps, new_trainer)
 
 
