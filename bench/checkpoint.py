@@ -105,7 +105,7 @@ def imagenet_bytes(demo_files):
     masters = sum(p.data().size * 4 for p in trainable if np.dtype(p.dtype) == np.float16)
     aux = sum(p.data().size * np.dtype(p.dtype).itemsize for p in params if p.grad_req == "null")
     per_rank_small = sum(size for name, size in demo_files.items() if name.endswith((".json", ".dali")))
-    world = s.dgxngpu * s.dgxnnodes
+    world = s.world_size
     parts = {"params": param_bytes, "trainer": momentum + masters, "aux (all ranks)": aux * world,
              "json + DALI (all ranks)": per_rank_small * world}
     return s, parts, sum(parts.values())

@@ -188,6 +188,16 @@ class Settings:
         return max(self.num_epochs, self.max_epochs)
 
     @property
+    def world_size(self):
+        """Processes (devices) of the run: DGXNNODES x DGXNGPU, the world dist.check_world holds a run to."""
+        return self.dgxnnodes * self.dgxngpu
+
+    @property
+    def global_batch(self):
+        """Images per step over every process (MLPerf's global_batch_size)."""
+        return self.batch_size * self.world_size
+
+    @property
     def is_lars(self):
         return self.optimizer in ("lars", "sgdwfastlars")
 
@@ -299,7 +309,7 @@ def validate(s, origins=None):
                             "parsed: set the variable instead")
     if s.checkpoint_every and not s.checkpoint_dir:
         raise SettingsError(f"{src('checkpoint_every')}={s.checkpoint_every}: needs {src('checkpoint_dir')}")
-    if (s.dgxngpu > 1 or s.dgxnnodes > 1) and s.kv_store != "horovod":
+    if s.world_size > 1 and s.kv_store != "horovod":
         raise SettingsError(f"{src('kv_store')}={s.kv_store}: {s.dgxnnodes} node(s) x {s.dgxngpu} processes "
                             "need horovod")
 

@@ -68,7 +68,17 @@ def use_device(index):
     backend.SetCUDACurrentDevice(index)
 
 
-class Single:
+class Collectives:
+    """What both worlds build on their allreduce_sum."""
+
+    def host_sum(self, values):
+        """The sum over ranks of a few host integers (seeds, counts, flags), as an int32 array on the host (int32 as
+        the reference's MPI reductions); not waited for: read it (asnumpy, asscalar) when the value is needed, as
+        checkpoint.Stops does a check period later so that the allreduce overlaps the steps."""
+        return self.allreduce_sum(mx.nd.array(values, ctx=HOST, dtype="int32"))
+
+
+class Single(Collectives):
     """One process: every collective is the identity."""
     rank, local_rank, size = 0, 0, 1
 
@@ -88,7 +98,7 @@ class Single:
         return mx.gluon.Trainer(params, optimizer, optimizer_params, kvstore=None)
 
 
-class Horovod:
+class Horovod(Collectives):
     """One process per device; Gloo on CPU, NCCL on GPU, as Horovod was built."""
 
     def __init__(self, hvd, num_groups):
@@ -116,7 +126,7 @@ class Horovod:
 
     def barrier(self):
         """An allreduce every rank must reach (the reference avoids MPI_Barrier for the same reason)."""
-        self.allreduce_sum(mx.nd.ones(1, ctx=HOST)).wait_to_read()
+        self.host_sum([1]).wait_to_read()
 
     def average_in_place(self, arrays):
         """Each array replaced by its mean over ranks, in one grouped allreduce (NVIDIA's v4.0 code averages the
@@ -135,7 +145,7 @@ def check_world(settings, d):
     horovodrun's rendezvous assumes one process, horovod/common/gloo/gloo_context.cc) each see a world of one and
     would otherwise run as independent full trainings. Every rank computes the same comparison, so all of them
     stop, before run_start."""
-    expected = settings.dgxnnodes * settings.dgxngpu
+    expected = settings.world_size
     local_size = d.hvd.local_size()
     if d.size == expected and local_size == settings.dgxngpu:
         return
@@ -155,7 +165,7 @@ def init(settings):
     try:
         import horovod.mxnet as hvd
     except ImportError:
-        if settings.dgxngpu * settings.dgxnnodes > 1:
+        if settings.world_size > 1:
             raise InputError("--kv-store horovod: Horovod is not installed, and one process cannot stand for "
                              f"{settings.dgxnnodes} node(s) x {settings.dgxngpu} processes") from None
         print("rn50_mx: --kv-store horovod but Horovod is not installed: running as one process", file=sys.stderr)

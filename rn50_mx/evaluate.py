@@ -14,9 +14,9 @@ import warnings
 
 import mxnet as mx
 
-from . import checkpoint, config, data, dist, model
+from . import checkpoint, config, data, dist
 from .errors import InputError, run_cli
-from .train import accuracy
+from .train import accuracy, network
 
 USAGE = "usage: python -m rn50_mx.evaluate (--model PATH | --checkpoint-dir DIR) --data-val VAL.rec [rn50_mx.train flags]"
 
@@ -57,13 +57,12 @@ def from_checkpoint(s, folder, ctx):
     chosen = checkpoint.newest_usable(folder, set_aside=False) if os.path.isdir(folder) else None
     if chosen is None:
         raise InputError(f"--checkpoint-dir {folder}: no checkpoint there")
-    net = model.build_model(s, ctx)
-    params = mx.nd.load(os.path.join(chosen, "params"))
+    net = network(s, ctx)
+    params = mx.nd.load(os.path.join(chosen, "params"))  # host arrays (Checkpoints.write_rank_files)
     for name, p in net.collect_params().items():
         if name not in params or params[name].shape != p.shape:
             raise InputError(f"{chosen}: written for another model ({name}); give its settings")
         p.set_data(params[name])
-    net.hybridize(static_alloc=True, static_shape=True)
     print(f"rn50_mx.evaluate: {chosen}", file=sys.stderr)
     return net
 

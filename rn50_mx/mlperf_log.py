@@ -76,10 +76,11 @@ def submission(s):
     event(K.CACHE_CLEAR, s.cache_cleared)
 
 
-def hyperparameter_events(s, global_batch):
+def hyperparameter_events(s):
     """(key, value) of the optimizer keys the closed-division rules check (training_1.0.0/closed_resnet*.yaml): what
     `hyperparameters` logs, and what rn50_mx.recipe hands to the compliance checker before a run."""
-    events = [(K.MODEL_BN_SPAN, s.batch_size), (K.GLOBAL_BATCH_SIZE, global_batch), (K.GRADIENT_ACCUMULATION_STEPS, 1)]
+    events = [(K.MODEL_BN_SPAN, s.batch_size), (K.GLOBAL_BATCH_SIZE, s.global_batch),
+              (K.GRADIENT_ACCUMULATION_STEPS, 1)]
     if s.is_lars:
         return events + [
             (K.OPT_NAME, K.LARS),
@@ -105,7 +106,7 @@ def hyperparameter_events(s, global_batch):
     ]
 
 
-def hyperparameters(s, global_batch):
+def hyperparameters(s):
     """Log the optimizer keys of `hyperparameter_events`."""
-    for key, value in hyperparameter_events(s, global_batch):
+    for key, value in hyperparameter_events(s):
         event(key, value)

@@ -86,8 +86,7 @@ def accuracy(net, val_it, d):
         label = batch.label[0][:valid].reshape((-1, 1))
         correct += mx.nd.concat((top5[:, :1] == label).sum(), (top5 == label).sum(), dim=0)
         images += valid
-    counts = np.append(correct.asnumpy(), images).astype(np.int32)  # int32 as the reference's MPI reduction
-    counts = d.allreduce_sum(mx.nd.array(counts, ctx=dist.HOST, dtype="int32")).asnumpy()
+    counts = d.host_sum(np.append(correct.asnumpy(), images)).asnumpy()
     return counts[0] / counts[2], counts[1] / counts[2], int(counts[2])
 
 
@@ -153,8 +152,7 @@ def rank_seed(s, d):
     run_with_docker.sh)."""
     base = s.seed if s.seed is not None else random.SystemRandom().randint(0, 65535)
     if s.seed is None:  # each rank drew its own: take rank 0's (the one logged), the others adding 0
-        drawn = mx.nd.array([base if d.rank == 0 else 0], ctx=dist.HOST, dtype="int32")
-        base = int(d.allreduce_sum(drawn).asscalar())
+        base = int(d.host_sum([base if d.rank == 0 else 0]).asscalar())
     seeds = np.random.RandomState(base).randint(2**16, size=d.size)
     seed = int(seeds[d.rank])
     random.seed(seed)
@@ -217,14 +215,21 @@ def run(s):
             return train_on(s, d, ctx, base_seed, seed, saver)
 
 
-def parts(s, ctx, steps, new_trainer, hybridize=True):
-    """(network, loss, trainer) as training runs them: the network built on `ctx` and hybridized (static_alloc and
-    static_shape; NVIDIA's fused NormConv operators run only in the traced graph), the smoothed loss, the optimizer
-    on the schedule of `steps` per epoch. The benches, the self-test and the tests build theirs here too; an
-    imperative network (hybridize=False) is for bench/train_step.py's comparison only."""
+def network(s, ctx, hybridize=True):
+    """The network of `s` on `ctx` as training runs it: hybridized with static_alloc and static_shape (NVIDIA's fused
+    NormConv operators run only in the traced graph). Evaluate and the self-test take theirs here; an imperative
+    network (hybridize=False) is for bench/train_step.py's comparison only."""
     net = model.build_model(s, ctx)
     if hybridize:
         net.hybridize(static_alloc=True, static_shape=True)  # runs nothing before the first forward
+    return net
+
+
+def parts(s, ctx, steps, new_trainer, hybridize=True):
+    """(network, loss, trainer) as training runs them: `network`, the smoothed loss, the optimizer on the schedule
+    of `steps` per epoch built by `new_trainer` (dist's d.trainer). The benches, measure and the tests build theirs
+    here too."""
+    net = network(s, ctx, hybridize)
     return net, optim.make_loss(s), optim.make_trainer(net, s, steps, new_trainer)
 
 
@@ -238,7 +243,7 @@ def train_on(s, d, ctx, base_seed, seed, saver):
     d.broadcast_params(net.collect_params())
     iters = data.build_iters(s, d.rank, d.size, seed, ctx)  # set-up: the pipelines, their readers not yet opened
     warm_up(net, loss_fn, trainer, s, ctx)
-    log.hyperparameters(s, s.batch_size * d.size)
+    log.hyperparameters(s)
     log.end(K.INIT_STOP)
     d.barrier()
     log.start(K.RUN_START)

@@ -233,6 +233,8 @@ def test_one_process_without_a_launcher():
     d = dist.init(Settings(kv_store="horovod"))  # no horovodrun around: Horovod runs as one rank
     assert (d.rank, d.local_rank, d.size) == (0, 0, 1)
     assert d.allreduce_sum(mx.nd.array([3], dtype="int32")).asnumpy().tolist() == [3]
+    total = d.host_sum([3, True])
+    assert total.asnumpy().tolist() == [3, 1] and total.context == dist.HOST and total.dtype == np.int32
     with pytest.raises(InputError, match="local rank 0 needs GPU 0, but 0 are visible"):
         dist.init(Settings(kv_store="horovod", device="gpu"))
 

@@ -102,9 +102,10 @@ def test_sixteen_gpus_skip_the_rcp_the_closed_rules_reject():
 
 
 def test_closed_rule_failures_come_from_the_compliance_checker():
-    s = config.Settings()
-    assert recipe.closed_rule_failures(s, 3264, "1.0.0") == []
-    failures = recipe.closed_rule_failures(s.replace(wd=3e-5, end_lr=1e-3), 3264, "1.0.0")
+    s = config.Settings(dgxngpu=8, kv_store="horovod")  # the global batch of 8 x 408: 3264
+    assert s.global_batch == 3264
+    assert recipe.closed_rule_failures(s, "1.0.0") == []
+    failures = recipe.closed_rule_failures(s.replace(wd=3e-5, end_lr=1e-3), "1.0.0")
     assert len(failures) == 2
     assert any(f.startswith("lars_opt_weight_decay=3e-05") for f in failures)
     assert any(f.startswith("lars_opt_end_learning_rate=0.001") for f in failures)

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import time
 
+import mxnet as mx
 import psutil
 import pytest
 
@@ -166,3 +167,41 @@ def test_sigterm_ends_the_self_test_and_its_horovodrun_ranks(fashion, tmp_path):
         "rn50_mx.selftest: interrupted; its 1 child process group(s) stopped")
     gone, alive = psutil.wait_procs(started, timeout=30)
     assert alive == [] and workers() == []
+
+
+def test_the_stack_row_says_whether_normconv_is_there():
+    """GPU review 3: the row said whether the fused BatchNorm kernels are there, not NVIDIA's NormConv operators."""
+    from rn50_mx.selftest import stack
+
+    mxnet_row = next(row for row in stack.stack_rows(False) if row.name == "mxnet")
+    assert "fused BatchNorm no" in mxnet_row.detail and "NormConv no" in mxnet_row.detail, mxnet_row
+
+
+class FatalNormConv:
+    """NVIDIA's fused operators where their kernels cannot run: MXNet raises their LOG(FATAL) ("No fallback impl")
+    as an MXNetError, here as the traced graph reaches the first of them."""
+
+    def __getattr__(self, op):
+        def call(**kwargs):
+            raise mx.MXNetError(f"[{op}] No fallback impl")
+        return call
+
+
+def test_a_fatal_normconv_kernel_names_the_setting_that_avoids_it():
+    """GPU review 3, F4: the layout/precision check hinted RN50_NORMCONV=0 only for a loss that differs; a fused
+    kernel failing outright ended the check in MXNet's message. On the old code the MXNetError escapes."""
+    from rn50_mx import model
+    from rn50_mx.config import Settings
+    from rn50_mx.selftest import checks
+    from rn50_mx.selftest.report import CheckFailed
+
+    s = Settings(num_classes=3, image_shape="3,32,32", batch_size=2)
+    net = model.build_model(s)
+    for stage in net.stages:
+        for unit in stage:
+            unit.batch, unit.ops = s.batch_size, FatalNormConv()  # as build_model sets them where NormConv is
+    net.hybridize(static_alloc=True, static_shape=True)
+    batch = mx.io.DataBatch(data=[mx.nd.ones((2, 3, 32, 32))], label=[mx.nd.array([0, 1])])
+    with pytest.raises(CheckFailed, match=r"^the NormConv kernels failed on this GPU \(\[NormConvolution\] No "
+                                          r"fallback impl\); train with RN50_NORMCONV=0$"):
+        checks.layout_precision(s, mx.cpu(), net, batch)

@@ -135,7 +135,7 @@ class Checkpoints:
             action()
         except (OSError, mx.base.MXNetError) as err:  # mx.nd.save reports a failed write as an MXNetError
             error = f"rank {self.d.rank}: {first_line(err)}"
-        failed = self.d.allreduce_sum(mx.nd.array([bool(error)], ctx=dist.HOST, dtype="int32")).asscalar()
+        failed = self.d.host_sum([bool(error)]).asscalar()
         return (error or "on another rank") if failed else None
 
     def write_rank_files(self, tmp, pos, net, trainer, iters):
@@ -239,5 +239,5 @@ def agree(d, folder):
     """The checkpoint every rank resumes from: rank 0's choice (its step, summed over ranks)."""
     chosen = newest_usable(folder) if d.rank == 0 else None
     step = int(STEP.match(os.path.basename(chosen)).group(1)) + 1 if chosen else 0
-    step = int(d.allreduce_sum(mx.nd.array([step], ctx=dist.HOST, dtype="int32")).asscalar())
+    step = int(d.host_sum([step]).asscalar())
     return os.path.join(folder, f"step-{step - 1}") if step else None

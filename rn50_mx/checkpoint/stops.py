@@ -2,10 +2,6 @@
 import os
 import signal
 
-import mxnet as mx
-
-from .. import dist
-
 CHECK_PERIOD = 4  # steps between the stop-flag allreduces: a stop lands 4 to 8 steps after its signal
 RESUMABLE = "resumable"  # fit's status when it stopped after writing a checkpoint
 RESUMABLE_EXIT = 75  # the exit status of a resumable stop (EX_TEMPFAIL), which trials.sh reports as such
@@ -31,7 +27,7 @@ class Stops:
         if step % CHECK_PERIOD:
             return False
         pending = self.pending
-        self.pending = self.d.allreduce_sum(mx.nd.array([self.asked], ctx=dist.HOST, dtype="int32"))
+        self.pending = self.d.host_sum([self.asked])
         return pending is not None and pending.asscalar() > 0
 
 

@@ -216,5 +216,5 @@ def check_files(settings):
     for train, _ in splits:
         check_idx(*rec_and_idx(settings, train))
     if settings.data_train:  # the batch the processes of the run take from this train set
-        steps_per_epoch(settings, settings.dgxnnodes * settings.dgxngpu)
+        steps_per_epoch(settings, settings.world_size)
     return "found " + ", ".join(f"{path} and its .idx" for _, path in splits)

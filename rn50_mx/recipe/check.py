@@ -9,14 +9,14 @@ from .rules import closed_rule_failures, momentum_note
 def verdict(s, ruleset=DEFAULT_RULESET):
     """One line for `python -m rn50_mx.check`: whether the settings' global batch and hyperparameters are an RCP of the
     ruleset (which), interpolated between RCPs, or off the table; and closed-rule failures."""
-    batch = s.batch_size * s.dgxngpu * s.dgxnnodes
+    batch = s.global_batch
     if s.num_classes != IMAGENET_CLASSES or not s.is_lars:
         what = f"{s.num_classes} classes" if s.num_classes != IMAGENET_CLASSES else f"optimizer {s.optimizer}"
         return (f"RCP ({ruleset}): off the table: the ResNet RCPs are LARS runs on ImageNet's {IMAGENET_CLASSES} "
                 f"classes; these settings train {what}")
     checker = load_checker(ruleset)
     text = f"RCP ({ruleset}): global batch {batch}: " + place(s, batch, checker)
-    failures = closed_rule_failures(s, batch, ruleset)
+    failures = closed_rule_failures(s, ruleset)
     if failures:
         text += f"; the closed-division checker would reject it: {failures[0]}"
     note = momentum_note(batch, s.mom)

@@ -156,7 +156,7 @@ def choose(args):
     notes = []
     for point in exact_hits(rcp_points(checker), gpus, args.max_batch_per_gpu):
         recipe = from_point(point, args, checker, "RCP")
-        failures = closed_rule_failures(recipe.settings(), recipe.global_batch, args.ruleset)
+        failures = closed_rule_failures(recipe.settings(), args.ruleset)
         if not failures:
             recipe.notes = notes + recipe.notes
             return recipe
@@ -171,7 +171,7 @@ def choose(args):
         hits = exact_hits(PUBLISHED, gpus, args.max_batch_per_gpu)
         anchors = list(PUBLISHED) + [p for p in rcp_points(checker, PRUNED) if p.batch == smallest]
         recipe = from_point(hits[0], args, checker, "published") if hits else interpolated(args, checker, anchors)
-    failures = closed_rule_failures(recipe.settings(), recipe.global_batch, args.ruleset)
+    failures = closed_rule_failures(recipe.settings(), args.ruleset)
     if failures:
         raise InputError(f"the recipe for {recipe.global_batch} breaks the closed-division rules of ruleset "
                          f"{args.ruleset}: {failures[0]}")

@@ -12,10 +12,10 @@ from ..mlperf_rules import BENCHMARK, USAGE
 MOMENTUM_RULE_BATCH = 32768  # training_rules: LARS momentum is 0.9 below a 32k batch (no checker tests it)
 
 
-def closed_rule_failures(settings, global_batch, ruleset):
+def closed_rule_failures(settings, ruleset):
     """The compliance checker's closed-division verdict on the optimizer keys training would log for `settings`:
     one line per failed rule (closed_resnet.yaml and the optimizer file it enqueues)."""
-    events = mlperf_log.hyperparameter_events(settings, global_batch)
+    events = mlperf_log.hyperparameter_events(settings)
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "hyperparameters.log")
         write_log(path, events)

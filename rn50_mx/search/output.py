@@ -34,7 +34,7 @@ def trial_line(slot, state, value, results):
 def plan_text(s, knobs, args):
     """The --dry-run listing: the space, the plan's order, the budget and what it costs in epochs of training."""
     epochs = (args.trials * args.seeds_per_trial + (args.finalists + 1) * args.final_seeds) * s.num_epochs
-    lines = [f"rn50_mx.search on {s.dgxsystem}: global batch {s.batch_size * s.dgxngpu * s.dgxnnodes}, "
+    lines = [f"rn50_mx.search on {s.dgxsystem}: global batch {s.global_batch}, "
              f"{args.mode} division, objective {args.objective}, study {args.study!r} in {args.storage}",
              "space: " + ", ".join(f"{k.env} {k.low:g}..{k.high:g}" + (" on 1e-4 x 2^N" if k.lattice else "")
                                    for k in knobs),
@@ -48,7 +48,7 @@ def plan_text(s, knobs, args):
              "its horizon",
              f"finalists: the best {args.finalists} and the sourced settings on {args.final_seeds} fresh seeds each",
              f"cost at most: {epochs} epochs of training ({epochs} x the minutes of one epoch at this batch; "
-             f"x {s.dgxngpu * s.dgxnnodes} GPUs for GPU-hours)"]
+             f"x {s.world_size} GPUs for GPU-hours)"]
     return "\n".join(lines)
 
 

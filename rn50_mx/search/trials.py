@@ -16,7 +16,7 @@ DIVERGED, RANKED = "diverged", "pruned"
 def command(s):
     """The training command of settings `s`: every value as a flag, so the run resolves exactly these."""
     train = [sys.executable, "-m", "rn50_mx.train", *config.as_flags(s)]
-    processes = s.dgxngpu * s.dgxnnodes
+    processes = s.world_size
     if processes == 1:
         return train
     return ["horovodrun", "--gloo", "-np", str(processes), "-H", f"localhost:{processes}", *train]

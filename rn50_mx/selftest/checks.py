@@ -38,15 +38,14 @@ def pipelines(s, ctx):
 
 
 def configured_network(s, ctx):
-    """The network as training runs it: the configured layout, dtype and BatchNorm kernels, hybridized."""
+    """The network as training runs it (train.network: the configured layout, dtype and fused kernels, hybridized),
+    from a fixed seed."""
     import mxnet as mx
 
-    from .. import model
+    from .. import train
 
     mx.random.seed(1)
-    net = model.build_model(s, ctx)
-    net.hybridize(static_alloc=True, static_shape=True)
-    return net
+    return train.network(s, ctx)
 
 
 def layout_precision(s, ctx, net, batch):
