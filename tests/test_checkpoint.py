@@ -4,6 +4,9 @@ both resumed, end with parameters bit-identical to the uninterrupted run's, with
 resume point on. Then every refusal: other settings, partial and corrupt checkpoints, a second run on the folder, a
 full disk, bad values; and `python -m rn50_mx.evaluate` on the saved model and on a checkpoint.
 
+Every run and evaluate puts each rank's model on cpu(1 + local rank) with mixed contexts refused
+(tests.support.devices), as each rank has its own GPU on a GPU node.
+
 Tiny on purpose (24 images of 32x32 in batches of 4: 6 steps an epoch, 2 epochs); the uninterrupted run of each world
 size is shared by the tests.
 """
@@ -51,9 +54,16 @@ def argv(recs, ranks, **changes):
     return [f"{config.flag_name(k)}={v}" for k, v in flags.items()]
 
 
+def on_rank_devices(module, *args):
+    """`python -m module ARGS` with each rank's model on cpu(1 + local rank) and mixed contexts refused
+    (tests.support.devices): a checkpoint written on one rank's device and resumed on another's fails here as on an
+    8-GPU node (GPU review 3, F1 and F2)."""
+    return [sys.executable, "-m", "tests.support.devices", module, *args]
+
+
 def start(recs, ranks, out, **changes):
     """The training run in its own session (1 process, or horovodrun with 2), its output to `out`."""
-    command = [sys.executable, "-m", "rn50_mx.train", *argv(recs, ranks, **changes)]
+    command = on_rank_devices("rn50_mx.train", *argv(recs, ranks, **changes))
     if ranks == 2:
         command = [*gloo_ranks(2), *command]
     with open(out, "w") as f:
@@ -443,7 +453,7 @@ def test_save_model_is_checked_and_owned_before_the_run(tmp_path):
 # --- evaluate --------------------------------------------------------------------------------------------------
 
 def evaluate(recs, ranks, *extra, **changes):
-    command = [sys.executable, "-m", "rn50_mx.evaluate", *extra, *argv(recs, ranks, **changes)]
+    command = on_rank_devices("rn50_mx.evaluate", *extra, *argv(recs, ranks, **changes))
     if ranks == 2:
         command = [*gloo_ranks(2), *command]
     return subprocess.run(command, env=clean_environ(), capture_output=True, text=True, timeout=240)

@@ -15,27 +15,15 @@ from mxnet.ndarray import register
 
 from rn50_mx import data, dist, train
 from rn50_mx.config import Settings
-
-RUN_CONTEXT = mx.cpu(1)  # not the default context, which is cpu(0)
+from tests.support import devices
+from tests.support.devices import RUN_CONTEXT
 
 
 @pytest.fixture
 def strict_contexts(monkeypatch):
-    """Operators refuse inputs (and outputs) that live on different contexts, device id included; _copyto, the
-    operator that moves data between devices (copyto, as_in_context), is the exception, as in a CUDA build."""
-    verify = register._verify_all_legacy_ndarrays
-
-    def same_context(op_name, func_name, args, out):
-        verify(op_name, func_name, args, out)
-        if op_name == "_copyto":
-            return
-        arrays = [a for a in list(args) + (list(out) if isinstance(out, (list, tuple)) else [out])
-                  if isinstance(a, mx.nd.NDArray)]
-        contexts = {a.context for a in arrays}
-        if len(contexts) > 1:
-            raise mx.MXNetError(f"Operator {op_name} require all inputs live on the same context: {contexts}")
-
-    monkeypatch.setattr(register, "_verify_all_legacy_ndarrays", same_context)
+    """Operators refuse inputs (and outputs) that live on different contexts, device id included (support.devices)."""
+    monkeypatch.setattr(register, "_verify_all_legacy_ndarrays",
+                        devices.same_context_check(register._verify_all_legacy_ndarrays))
 
 
 def test_strict_contexts_refuse_a_mix(strict_contexts):
