@@ -201,7 +201,10 @@ stop_group() {
 run_trials() {
     local i seed logs=() seen_logs=()
     # Fail before any trial on a bad setting or a missing data file: one line naming it.
-    run_in_group run_tool python -m rn50_mx.check --data-train "${DATA_SEEN_AS}/train.rec" \
+    # A stopped trial to resume: its checkpoint must be there (else it would start afresh and the state be lost).
+    local resuming=()
+    if (( resume_trial > 0 )); then resuming=(--resume "$RESUME_STATE"); fi
+    run_in_group run_tool python -m rn50_mx.check "${resuming[@]}" --data-train "${DATA_SEEN_AS}/train.rec" \
         --data-val "${DATA_SEEN_AS}/val.rec" >/dev/null
     # SELFTEST=1: the self-test of the stack, the config and the data first (README "GPU users"); a failed check
     # stops the launch before any trial.

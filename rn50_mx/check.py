@@ -2,12 +2,14 @@
 before any rank starts (the launchers run it); `--env-names`: the variables to hand on to a container.
 
     python -m rn50_mx.check [rn50_mx.train flags]   # every resolved value with its origin, then the verdicts
+    python -m rn50_mx.check --resume STATE [flags]  # the same, and a checkpoint the stopped trial can resume from
     python -m rn50_mx.check --env-names             # one name per line
 """
+import os
 import sys
 
-from . import config, data
-from .errors import run_cli
+from . import checkpoint, config, data
+from .errors import InputError, run_cli
 from .recipe.check import verdict
 
 def check(flags):
@@ -22,11 +24,29 @@ def check(flags):
     return 0
 
 
+def resumable(s, state):
+    """Refuses, in one line, a launch that would resume the trial its state file `state` names (trials.sh) without
+    a checkpoint to resume: the trial would start afresh, appended to the stopped run's log, and the state be
+    dropped. The checkpoints are looked at, not touched (the run that resumes sets refused ones aside)."""
+    remedy = f"restore it, or remove {state} to start the trials anew"
+    folder = s.checkpoint_dir
+    if not folder:
+        raise InputError(f"{state}: its trial resumes from RN50_CHECKPOINT_DIR, which is not set ({remedy})")
+    if not os.path.isdir(folder) or checkpoint.newest_usable(folder, set_aside=False) is None:
+        raise InputError(f"RN50_CHECKPOINT_DIR={folder}: no checkpoint to resume the trial {state} names ({remedy})")
+    checkpoint.refuse_ended(folder)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv == ["--env-names"]:
         print("\n".join(config.env_names()))
         return 0
+    if argv[:1] == ["--resume"]:
+        if len(argv) < 2 or argv[1].startswith("--"):
+            raise InputError("--resume: give the launcher's state file")
+        resumable(config.load(argv[2:], prog="rn50_mx.check"), argv[1])
+        argv = argv[2:]
     return check(argv)
 
 

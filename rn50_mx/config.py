@@ -137,8 +137,6 @@ class Settings:
     label_smoothing: float = _opt(0.1, "label smoothing of the loss", env="LABELSMOOTHING", low=0.0, high=0.999)
 
     # --- evaluation and stop (mlperf_fit in common/fit.py) ------------------------------------------------------------
-    bn_stats_allreduce: bool = _opt(False, "average the BatchNorm running statistics over ranks before each eval "
-                                    "(NVIDIA's v4.0 code; the v1.0 submission did not)", env="RN50_BN_STATS_ALLREDUCE")
     eval_period: int = _opt(4, "evaluate every N epochs", env="EVAL_PERIOD", low=1, high=100)
     eval_offset: int = _opt(2, "first eval after epoch offset+1 (0-based offset)", env="EVAL_OFFSET", low=0, high=99)
     accuracy_threshold: float = _opt(0.759, "stop when top-1 reaches this", env="ACCURACY_THRESHOLD",

@@ -118,9 +118,7 @@ def fit(s, d, net, loss_fn, trainer, train_it, val_it, pos, saver):
         log.event("throughput", speed * d.size, metadata={K.EPOCH_NUM: epoch + 1})
         line = f"epoch {epoch + 1}: {speed * d.size:.1f} img/s, data wait {wait:.1%}, loss {loss:.4f}"
         if epoch in evals and val_it is not None:
-            if s.bn_stats_allreduce:  # each rank's statistics saw only its shard
-                mx.nd.waitall()  # BatchNorm writes them in backward, not declared to the engine (measured)
-                d.average_in_place(model.running_stats(net))
+            one_model(net, d)
             top1, top5, n = evaluate(net, val_it, d, epoch)
             line += f", top-1 {top1:.4f}, top-5 {top5:.4f} ({n} images)"
             log.end(K.BLOCK_STOP, metadata={K.FIRST_EPOCH_NUM: pos.first + 1})
@@ -136,6 +134,16 @@ def fit(s, d, net, loss_fn, trainer, train_it, val_it, pos, saver):
             except InputError as err:  # the run goes on: the previous checkpoint stays current
                 say(d, f"rn50_mx: {err}")
     return K.ABORTED
+
+
+def one_model(net, d):
+    """Every rank's BatchNorm running statistics replaced by their mean over the ranks, so that a multi-rank run has
+    one model: the one its eval judges, its --save-model holds and `evaluate` scores to the logged figure (each rank's
+    own statistics saw only its shard; docs/checkpoints.md). The weights are the same on every rank already.
+    MXNet's CPU BatchNorm writes the statistics in backward without declaring it to the engine: wait first."""
+    if d.size > 1:
+        mx.nd.waitall()
+        d.average_in_place(model.running_stats(net))
 
 
 def stop_resumable(d, saver, pos):
@@ -263,8 +271,11 @@ def train_on(s, d, ctx, base_seed, seed, saver):
     log.end(K.RUN_STOP, metadata={K.STATUS: status})
     if saver:
         saver.finish(status)
-    if s.save_model and d.rank == 0:
-        say(d, "model: " + ", ".join(checkpoint.save_model(net, s.save_model)))
+    if s.save_model:
+        if not (eval_epochs(s) and val_it is not None):  # otherwise the last eval made it one model already
+            one_model(net, d)
+        if d.rank == 0:
+            say(d, "model: " + ", ".join(checkpoint.save_model(net, s.save_model, s)))
     return status
 
 

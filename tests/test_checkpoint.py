@@ -26,7 +26,7 @@ import numpy as np
 import psutil
 import pytest
 
-from rn50_mx import checkpoint, config, model, optim, timing
+from rn50_mx import checkpoint, config, files, model, optim, timing
 from rn50_mx.config import Settings
 from tests.support.mllog import events, values
 from tests.support.procs import assert_one_line_naming, clean_environ, gloo_ranks, wait_for
@@ -48,9 +48,10 @@ def recs(three_classes):
 
 
 def argv(recs, ranks, **changes):
-    flags = dict(FLAGS, data_train=recs[0], data_val=recs[1], **changes)
+    flags = dict(FLAGS, data_train=recs[0], data_val=recs[1])
     if ranks == 2:
         flags.update(batch_size=FLAGS["batch_size"] // 2, kv_store="horovod", dgxngpu=2)
+    flags.update(changes)
     return [f"{config.flag_name(k)}={v}" for k, v in flags.items()]
 
 
@@ -281,6 +282,142 @@ def test_a_corrupt_or_partial_checkpoint_is_refused_and_the_previous_one_used(re
     assert_same_params(str(tmp_path / "model"), reference)  # resumed from step 6: still exact
 
 
+def forge(folder, name, edit):
+    """Replace `name` in a checkpoint by edit(its content) and list the new size and CRC-32 in meta.json, so that
+    only a load can tell (meta.json itself: edit(its parsed JSON) -> the new JSON)."""
+    path, meta_path = os.path.join(folder, name), os.path.join(folder, "meta.json")
+    meta = json.load(open(meta_path))
+    if name == "meta.json":
+        meta = edit(meta)
+    else:
+        payload = edit(open(path, "rb").read())
+        with open(path, "wb") as f:
+            f.write(payload)
+        meta["files"][name] = [len(payload), files.crc32(path)]
+    with open(meta_path, "w") as f:
+        json.dump(meta, f)
+
+
+def without(key, *path):
+    def edit(data):
+        inner = data
+        for step in path:
+            inner = inner[step]
+        del inner[key]
+        return data
+    return edit
+
+
+def with_value(value, *path):
+    def edit(data):
+        inner = data
+        for step in path[:-1]:
+            inner = inner[step]
+        inner[path[-1]] = value
+        return data
+    return edit
+
+
+def json_edit(edit):
+    return lambda payload: json.dumps(edit(json.loads(payload))).encode()
+
+
+def arrays_edit(edit):
+    """The content of an mx.nd.save file after edit({name: array}) -> {name: array}."""
+    def content(payload):
+        path = f"/tmp/forge-{os.getpid()}"
+        open(path, "wb").write(payload)
+        arrays = edit(mx.nd.load(path))
+        mx.nd.save(path, arrays)
+        out = open(path, "rb").read()
+        os.remove(path)
+        return out
+    return content
+
+
+def first_dropped(arrays):
+    return dict(list(arrays.items())[1:])
+
+
+def first_reshaped(arrays):
+    name = next(iter(arrays))
+    return {**arrays, name: mx.nd.zeros((arrays[name].size + 1,))}
+
+
+def cast_all(arrays):
+    return {name: a.astype("float16") for name, a in arrays.items()}
+
+
+FORGED = [  # issue 28 item 5: (name, file, edit, what the refusal says)
+    ("meta without epoch", "meta.json", without("epoch"), "meta.json has no 'epoch'"),
+    ("meta step as a string", "meta.json", with_value("8", "step"), "meta.json: step is str, not int"),
+    ("meta world 0", "meta.json", with_value(0, "world"), "meta.json: world is 0, below 1"),
+    ("meta seed above int32", "meta.json", with_value(2**40, "seed"), "meta.json: seed is 1099511627776, above"),
+    ("meta a list", "meta.json", lambda meta: [meta], "meta.json holds a list, not an object"),
+    ("meta settings a string", "meta.json", with_value("x", "settings"), "meta.json: settings is str, not dict"),
+    ("meta files entry cut", "meta.json", with_value([1], "files", "params"), "files['params'] is not [size, CRC-32]"),
+    ("meta files outside", "meta.json", with_value([1, 1], "files", "../x"), "files lists '../x', not a name"),
+    ("meta mllog without crc", "meta.json", without("crc", "mllog"), "meta.json's mllog has no 'crc'"),
+    ("meta settings of another version", "meta.json", with_value(1, "settings", "no_such_setting"),
+     "its settings are not this version's"),
+    ("meta settings out of range", "meta.json", with_value(0, "settings", "batch_size"),
+     "its settings are not this version's (--batch-size=0: must be >= 1)"),
+    ("params garbage", "params", lambda payload: b"\0" * len(payload), "params does not load"),
+    ("params without a tensor", "params", arrays_edit(first_dropped), "params has no "),
+    ("params of another shape", "params", arrays_edit(first_reshaped), "the model's"),
+    ("aux in float16", "rank0.aux", arrays_edit(cast_all), "float16, the model's"),
+    ("aux garbage", "rank0.aux", lambda payload: payload[:40], "rank0.aux does not load"),
+    ("trainer counts empty", "trainer.json", json_edit(lambda plain: {}), "trainer.json has no 'num_update'"),
+    ("trainer counts of a parameter the model has not", "trainer.json", json_edit(with_value(1, "parts", "99999")),
+     "parts names parameter '99999'"),
+    ("trainer state missing", "trainer", arrays_edit(first_dropped), "trainer: has no state"),
+    ("rank state a list", "rank0.json", json_edit(lambda state: []), "rank0.json has no 'position'"),
+    ("rank position without step", "rank0.json", json_edit(without("step", "position")),
+     "rank0.json's position has no 'step'"),
+    ("rank without the train iterator", "rank0.json", json_edit(without("train", "iters")),
+     "rank0.json's iters has no 'train'"),
+    ("rank numpy state cut", "rank0.json", json_edit(with_value(["MT19937", [1]], "numpy_random")),
+     "numpy_random is not NumPy's generator state"),
+    ("rank state not JSON", "rank0.json", lambda payload: b"{" + payload, "rank0.json does not load"),
+]
+
+
+@pytest.mark.parametrize("name,target,edit,why", FORGED, ids=[f[0] for f in FORGED])
+def test_a_checkpoint_that_passes_its_crc_but_does_not_load_is_refused(two_checkpoints, tmp_path, capsys, name,
+                                                                       target, edit, why):
+    """Files whose sizes and CRC-32s meta.json lists rightly, or a meta.json of the wrong shape, but which do not load
+    or do not fit the model: refused in one line like a corrupt one, the previous checkpoint used. The old code took
+    them and failed after run_start with a KeyError, TypeError or MXNetError (or took a meta.json it could not use)."""
+    folder = str(copy_of(two_checkpoints, tmp_path))
+    forge(os.path.join(folder, f"step-{STEPS + 2}"), target, edit)
+    chosen = checkpoint.newest_usable(folder, set_aside=False)
+    line = capsys.readouterr().err.strip()
+    assert chosen == os.path.join(folder, f"step-{STEPS}"), line
+    assert line.startswith(f"rn50_mx: {folder}/step-{STEPS + 2}: refused (") and why in line, line
+    assert line.endswith(f"; using step-{STEPS}") and "\n" not in line, line
+
+
+@pytest.mark.slow
+def test_a_checkpoint_that_does_not_load_is_refused_before_the_resumed_run_logs(recs, two_checkpoints, tmp_path,
+                                                                                 tmp_path_factory):
+    """The newest checkpoint's params replaced by an array file that loads but lacks a tensor, meta.json's CRC made to
+    match: the resumed run says so in one line, resumes from the one before, exactly, and its log holds one
+    resumed attempt (the old code: KeyError after run_start, the log then holding a second init_start and run_start
+    before the traceback)."""
+    reference = uninterrupted_run(1, recs, tmp_path_factory)[2]
+    folder = str(copy_of(two_checkpoints, tmp_path))
+    log = tmp_path / "mlperf.log"
+    shutil.copy(os.path.join(os.path.dirname(two_checkpoints), "mlperf.log"), log)
+    forge(os.path.join(folder, f"step-{STEPS + 2}"), "params", arrays_edit(first_dropped))
+    text = run(recs, 1, tmp_path / "out.txt", checkpoint_dir=folder, save_model=tmp_path / "model", mllog_file=log)
+    refusals = [line for line in text.splitlines() if line.startswith("rn50_mx: ")]
+    assert len(refusals) == 1 and f"step-{STEPS + 2}: refused (params has no " in refusals[0], refusals
+    assert refusals[0].endswith(f"; renamed *.refused; using step-{STEPS}"), refusals
+    assert_same_params(str(tmp_path / "model"), reference)
+    keys = [key for key, _, _ in events(log)]
+    assert keys.count("init_start") == 2 and keys.count("run_start") == 2 and keys.count("run_stop") == 1, keys
+
+
 HOLDS_THE_LOG = """
 import sys, time
 from rn50_mx import files
@@ -425,9 +562,9 @@ def test_save_model_to_an_unwritable_path_is_one_line(tmp_path):
     net(mx.nd.ones((1, 3)))
     (tmp_path / "file").write_text("")
     with pytest.raises(checkpoint.InputError, match="--save-model .*file/model: cannot write"):
-        checkpoint.save_model(net, str(tmp_path / "file" / "model"))
-    assert checkpoint.save_model(net, str(tmp_path / "model"))[0].endswith("model-0000.params")
-    assert sorted(os.listdir(tmp_path)) == ["file", "model-0000.params", "model-symbol.json"]
+        checkpoint.save_model(net, str(tmp_path / "file" / "model"), Settings())
+    assert checkpoint.save_model(net, str(tmp_path / "model"), Settings())[0].endswith("model-0000.params")
+    assert sorted(os.listdir(tmp_path)) == ["file", "model-0000.params", "model-settings.json", "model-symbol.json"]
 
 
 def test_save_model_is_checked_and_owned_before_the_run(tmp_path):
@@ -459,26 +596,81 @@ def evaluate(recs, ranks, *extra, **changes):
     return subprocess.run(command, env=clean_environ(), capture_output=True, text=True, timeout=240)
 
 
+def assert_evaluates_to(result, top1):
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(rf"top-1 {re.escape(repr(top1))}, top-5 [0-9.]+ \(12 images\)", result.stdout), \
+        (result.stdout, top1)
+
+
 @pytest.mark.slow
 def test_evaluate_gives_the_run_s_figures(recs, uninterrupted, two_checkpoints):
     """The saved model gives the last eval's top-1 exactly (1 and 2 ranks), and the checkpoint after epoch 1 the
     first eval's."""
     ranks, _, prefix, log = uninterrupted
     logged = values(events(log), "eval_accuracy")
-    result = evaluate(recs, ranks, "--model", prefix)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert re.search(rf"top-1 {re.escape(repr(logged[-1]))}, top-5 [0-9.]+ \(12 images\)", result.stdout), \
-        (result.stdout, logged)
+    assert_evaluates_to(evaluate(recs, ranks, "--model", prefix), logged[-1])
     if ranks == 1:
         folder = two_checkpoints + "-after-epoch-1"
         shutil.copytree(two_checkpoints, folder, ignore=shutil.ignore_patterns(f"step-{STEPS + 2}", "lock"))
-        result = evaluate(recs, 1, checkpoint_dir=folder)
-        assert f"top-1 {logged[0]!r}, " in result.stdout, (result.stdout, result.stderr[-2000:], logged)
+        assert_evaluates_to(evaluate(recs, 1, checkpoint_dir=folder), logged[0])
+
+
+@pytest.mark.slow
+def test_a_multi_rank_run_has_one_model_the_one_its_evals_judged(recs, tmp_path):
+    """Issue 28 item 7. Each rank's BatchNorm statistics see only its shard; the run's eval judged each shard with
+    its own rank's while the saved model held rank 0's, so `evaluate` gave another figure than the log (here, on the
+    code before: 2/12 logged at epoch 1 against 5/12, 0/12 at epoch 2 against 4/12, the same in every run, with a
+    waitall before the eval or not, quiet or loaded). Now the ranks average their statistics before each eval: the
+    checkpoint written after an eval holds that one model on every rank, and the saved model and the checkpoint
+    evaluate, on 1 rank and on 2, to the figures logged. 4 images a rank a step (2 would leave BatchNorm 2 values a
+    channel in the last stage, where the network only diverges and every figure is a third)."""
+    folder, prefix, log = str(tmp_path / "ckpt"), str(tmp_path / "model"), tmp_path / "mlperf.log"
+    run(recs, 2, tmp_path / "out.txt", batch_size=4, checkpoint_dir=folder, checkpoint_every=1, save_model=prefix,
+        mllog_file=log)
+    logged = values(events(log), "eval_accuracy")
+    for ranks in (1, 2):
+        assert_evaluates_to(evaluate(recs, ranks, "--model", prefix, batch_size=4), logged[-1])
+    assert_evaluates_to(evaluate(recs, 2, checkpoint_dir=folder, batch_size=4), logged[0])
+    after_eval_1 = os.path.join(folder, "step-3")
+    params = mx.nd.load(os.path.join(after_eval_1, "params"))
+    for rank in (0, 1):
+        for name, value in mx.nd.load(os.path.join(after_eval_1, f"rank{rank}.aux")).items():
+            assert np.array_equal(value.asnumpy(), params[name].asnumpy()), (rank, name)
+
+
+@pytest.mark.parametrize("source,changes,why", [
+    ("model", {"image_shape": "3,64,64"}, "--image-shape=3,64,64: the model was trained with 3,32,32 (its "),
+    ("model", {"num_classes": 4}, "--num-classes=4: the model was trained with 3 (its -settings.json)"),
+    ("checkpoint", {"image_shape": "3,48,48"}, "--image-shape=3,48,48: the model was trained with 3,32,32 ("),
+    ("checkpoint", {"num_classes": 5}, "--num-classes=5: the model was trained with 3 ("),
+])
+def test_evaluate_refuses_settings_the_model_was_not_trained_with(recs, two_checkpoints, tmp_path_factory, source,
+                                                                   changes, why):
+    """Issue 28 item 5: another image side gave another top-1 in silence, other classes or channels a traceback.
+    The saved model's -settings.json and the checkpoint's meta.json say what it was built for."""
+    prefix = uninterrupted_run(1, recs, tmp_path_factory)[2]
+    where = ["--model", prefix] if source == "model" else []
+    result = evaluate(recs, 1, *where, **changes, **({} if where else {"checkpoint_dir": two_checkpoints}))
+    assert_one_line_naming(result, why)
+
+
+@pytest.mark.parametrize("content,why", [
+    (None, "model-settings.json (python -m rn50_mx.train --save-model"),
+    ("[1]", "not a settings object"),
+    ("{", "model-settings.json: cannot read ("),
+])
+def test_evaluate_refuses_a_model_without_its_settings(recs, tmp_path_factory, tmp_path, content, why):
+    prefix = str(tmp_path / "model")
+    for suffix in ("-symbol.json", "-0000.params"):
+        shutil.copy(uninterrupted_run(1, recs, tmp_path_factory)[2] + suffix, prefix + suffix)
+    if content is not None:
+        (tmp_path / "model-settings.json").write_text(content)
+    assert_one_line_naming(evaluate(recs, 1, "--model", prefix), why)
 
 
 @pytest.mark.parametrize("extra,name", [
     ([], "give one of --model PATH and --checkpoint-dir DIR"),
-    (["--model", "/nonexistent/m"], "/nonexistent/m-symbol.json"),
+    (["--model", "/nonexistent/m"], "/nonexistent/m-0000.params"),
     (["--model"], "--model: give a PATH"),
 ])
 def test_evaluate_refuses_in_one_line(recs, extra, name):

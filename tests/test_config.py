@@ -4,10 +4,11 @@ configs too: validation needs no GPU); an export after sourcing overrides the co
 environment alike."""
 import glob
 import os
+import sys
 
 import pytest
 
-from tests.support.procs import ROOT, assert_one_line_naming, run_train, sourced
+from tests.support.procs import ROOT, assert_one_line_naming, clean_environ, run, run_train, sourced
 
 
 SYSTEMS = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "config", "*.sh"))
@@ -106,3 +107,15 @@ def test_a_bad_setting_is_one_line_naming_it(argv, env, name):
     result = run_train(argv, env)
     assert_one_line_naming(result, name)
     assert result.returncode == 2 and result.stderr.startswith("rn50_mx.train: error: ")
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--resume"], "--resume: give the launcher's state file"),
+    (["--resume", "--lr", "1"], "--resume: give the launcher's state file"),
+    (["--resume", "/x/r.resume", "--batch-size", "0"], "--batch-size=0"),
+])
+def test_check_refuses_a_resume_it_cannot_judge(argv, says):
+    """`check --resume STATE` (trials.sh, before a stopped trial resumes): a missing state name or a bad setting is one
+    line, before any checkpoint is looked at."""
+    result = run([sys.executable, "-m", "rn50_mx.check", *argv], clean_environ())
+    assert_one_line_naming(result, says)

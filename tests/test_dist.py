@@ -193,7 +193,7 @@ def train_worker(out, *flags):
 
 def bn_stats_worker(out):
     """Each rank's ResNet-50 BatchNorm statistics after a training forward on its own images, saved before and
-    after the average over ranks that --bn-stats-allreduce runs before each eval."""
+    after the average over ranks that a multi-rank run takes before each eval (train.one_model)."""
     s = Settings(kv_store="horovod", num_classes=3, image_shape="3,32,32", dgxngpu=2)
     d = dist.init(s)
     mx.random.seed(3)

@@ -8,6 +8,7 @@ import contextlib
 import glob
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -283,12 +284,13 @@ def test_a_resumable_stop_ends_the_trials_with_75(shared, tmp_path):
     assert "RESULT," not in result.stdout
 
 
-def test_the_next_launch_resumes_the_stopped_trial_in_its_log(shared, tmp_path):
+def test_the_next_launch_resumes_the_stopped_trial_in_its_log(shared, stopped_checkpoints, tmp_path):
     """A launch with the DATESTAMP of one whose trial 1 stopped resumable (r.resume: run.sub's requeued job) runs
     trial 1 again with its seed (the checkpoint's), appending to r_1.log on a line of its own though the stopped
     trial's last line was cut, and a launch that stopped before the trial leaves it to resume; the old code refused
     the DATESTAMP (its logs exist)."""
-    env = {**TINY_KEEP_CACHES, "DATADIR": shared["data"], "LOGDIR": str(tmp_path / "logs"), "NEXP": "3", "DATESTAMP": "r"}
+    env = {**TINY_KEEP_CACHES, "DATADIR": shared["data"], "LOGDIR": str(tmp_path / "logs"), "NEXP": "3", "DATESTAMP": "r",
+           "RN50_CHECKPOINT_DIR": str(shutil.copytree(stopped_checkpoints, tmp_path / "ckpt"))}
     command, _ = launcher("./run_with_docker.sh", env)
     stub = site(tmp_path, RESUMABLE)
     assert run(command, stub).returncode == 75
@@ -304,6 +306,37 @@ def test_the_next_launch_resumes_the_stopped_trial_in_its_log(shared, tmp_path):
     assert text.startswith(stopped + "\nResuming trial 1 of 3\n"), text[len(stopped) - 200:]
     seeds = re.findall(r"^seed (\d+)$", text, re.M)
     assert len(seeds) == 2 and seeds[0] == seeds[1], seeds
+
+
+@pytest.mark.parametrize("folder, says", [
+    (None, "{logs}/r.resume: its trial resumes from RN50_CHECKPOINT_DIR, which is not set (restore it, or remove "
+     "{logs}/r.resume to start the trials anew)"),
+    ("empty", "RN50_CHECKPOINT_DIR={tmp}/empty: no checkpoint to resume the trial {logs}/r.resume names"),
+    ("missing", "RN50_CHECKPOINT_DIR={tmp}/missing: no checkpoint to resume the trial"),
+    ("ended", "--checkpoint-dir {tmp}/ended: the run there has ended (run_stop success)"),
+])
+def test_a_launch_resumes_only_with_the_checkpoint_there(shared, stopped_checkpoints, tmp_path, folder, says):
+    """Issue 28 item 3: a relaunch without the checkpoint folder said "Resuming trial 1", ran a fresh training appended
+    to the stopped trial's log and deleted the state, so the real checkpoint was never resumed. Now one line before
+    any trial; the state and the log are kept."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "r.resume").write_text("resume_trial=1\nresume_seed=7\nused_seeds=7\nfailed=\n")
+    (logs / "r_1.log").write_text("the stopped trial\n")
+    env = {**TINY_KEEP_CACHES, "DATADIR": shared["data"], "LOGDIR": str(logs), "NEXP": "3", "DATESTAMP": "r"}
+    if folder == "empty":
+        (tmp_path / folder).mkdir()
+    elif folder == "ended":
+        shutil.copytree(stopped_checkpoints, tmp_path / folder)
+        (tmp_path / folder / "finished").write_text("run_stop success\n")
+    if folder:
+        env["RN50_CHECKPOINT_DIR"] = str(tmp_path / folder)
+    command, _ = launcher("./run_with_docker.sh", env)
+    result = run(command, site(tmp_path, RESUMABLE))
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert_one_line_naming(result, says.format(logs=logs, tmp=tmp_path))
+    assert "Resuming" not in result.stdout and "Beginning" not in result.stdout
+    assert files_in(logs) == ["r.resume", "r_1.log"] and (logs / "r_1.log").read_text() == "the stopped trial\n"
 
 
 @pytest.mark.parametrize("state, says", [

@@ -4,6 +4,7 @@ import json
 import os
 
 from .. import files
+from .contents import load_problem, meta_problem
 from .trainer_file import COUNTS, STATES
 
 META = "meta.json"
@@ -32,16 +33,20 @@ def summary(folder):
 
 
 def problem(folder):
-    """Why the checkpoint in `folder` cannot be used (partial, corrupt), or None."""
+    """Why the checkpoint in `folder` cannot be used (partial, corrupt, or files that do not load: contents.py), or
+    None."""
     try:
         with open(os.path.join(folder, META)) as f:
             meta = json.load(f)
-        listed = meta["files"]
     except FileNotFoundError:
         return f"no {META}: its writer stopped before the end"
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError) as err:
         return f"{META} unreadable ({err})"
-    wanted = {"params", STATES, COUNTS} | {f"rank{r}.json" for r in range(meta.get("world", 0))}
+    wrong = meta_problem(meta)
+    if wrong:
+        return wrong
+    listed = meta["files"]
+    wanted = {"params", STATES, COUNTS} | {f"rank{r}{part}" for r in range(meta["world"]) for part in (".json", ".aux")}
     missing = sorted(wanted - set(listed))
     if missing:
         return f"{META} lists no {missing[0]}"
@@ -53,7 +58,7 @@ def problem(folder):
             return f"{name} has {os.path.getsize(path)} bytes, not {size}"
         if files.crc32(path) != value:
             return f"{name} is corrupt (CRC-32 differs)"
-    return None
+    return load_problem(folder, meta)
 
 
 def read_meta(folder):

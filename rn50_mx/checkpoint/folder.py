@@ -57,10 +57,8 @@ class Checkpoints:
     def __init__(self, s, d):
         self.s, self.d, self.dir = s, d, s.checkpoint_dir
         self.lock = lock(self.dir) if d.rank == 0 else None
-        if d.rank == 0 and os.path.exists(os.path.join(self.dir, FINISHED)):
-            with open(os.path.join(self.dir, FINISHED)) as f:
-                raise InputError(f"--checkpoint-dir {self.dir}: the run there has ended ({f.read().strip()}); give "
-                                 "another folder (python -m rn50_mx.evaluate --checkpoint-dir reads it)")
+        if d.rank == 0:
+            refuse_ended(self.dir)
         self.resume = agree(d, self.dir)  # the folder of the newest usable checkpoint, or None
         self.meta = read_meta(self.resume) if self.resume else None
         if self.meta:
@@ -207,6 +205,15 @@ def lock(folder):
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
     return fd
+
+
+def refuse_ended(folder):
+    """One line for a folder whose run ended with run_stop: its checkpoints are not resumed."""
+    path = os.path.join(folder, FINISHED)
+    if os.path.exists(path):
+        with open(path) as f:
+            raise InputError(f"--checkpoint-dir {folder}: the run there has ended ({f.read().strip()}); give "
+                             "another folder (python -m rn50_mx.evaluate --checkpoint-dir reads it)")
 
 
 def newest_usable(folder, set_aside=True):

@@ -1,14 +1,18 @@
 """The trained model (--save-model): owned from the start of the run, written when it ends."""
 import contextlib
+import json
 import os
 
 import mxnet as mx
 
-from .. import files
+from .. import config, files
 from ..errors import InputError
 from .disk import first_line, fsync_path
 
-MODEL_FILES = ("-0000.params", "-symbol.json")
+MODEL_FILES = ("-0000.params", "-symbol.json", "-settings.json")
+# What a network was built for: evaluated with others, it fails in MXNet or, for the image side, gives another top-1
+# in silence. PATH-settings.json records them for a saved model, meta.json for a checkpoint.
+MODEL_FIELDS = ("image_shape", "num_classes", "input_layout")
 
 
 def model_output(s, d):
@@ -23,14 +27,26 @@ def model_output(s, d):
     return files.owned(s.save_model)
 
 
-def save_model(net, path):
-    """PATH-symbol.json and PATH-0000.params (HybridBlock.export), each written under a temporary name first. A
+def settings_problem(recorded, s):
+    """'--flag=VALUE: the model was trained with OTHER' for the first of MODEL_FIELDS in which `s` differs from the
+    settings `recorded` with the model, or None."""
+    for name in MODEL_FIELDS:
+        if name in recorded and recorded[name] != getattr(s, name):
+            return f"{config.flag_name(name)}={getattr(s, name)}: the model was trained with {recorded[name]}"
+    return None
+
+
+def save_model(net, path, s):
+    """PATH-symbol.json and PATH-0000.params (HybridBlock.export) and PATH-settings.json (MODEL_FIELDS of `s`, which
+    evaluate compares with its own), each written under a temporary name first. A
     network run with NormConv exports NVIDIA's fused operators (NormConvolution, BNStatsFinalize,
     ScaleBiasAddRelu, with the training batch in elem_count): only NVIDIA's MXNet loads that symbol; the
     parameters, the same as the plain network's, load anywhere (evaluate --checkpoint-dir)."""
     tmp = files.temp_name(path)
     try:
         net.export(tmp)
+        with open(tmp + "-settings.json", "w") as f:
+            json.dump({name: getattr(s, name) for name in MODEL_FIELDS}, f)
         for suffix in MODEL_FILES:
             fsync_path(tmp + suffix)
             os.replace(tmp + suffix, path + suffix)

@@ -1,0 +1,169 @@
+"""What a checkpoint's files must hold before a run resumes from it or `evaluate` reads it: meta.json's structure,
+then every file loads and fits the model of the settings meta.json records. Sizes and CRC-32s that match catch a torn
+or damaged file, not one written by another version or edited together with meta.json; such a checkpoint is
+refused like a corrupt one (the previous one is used), on rank 0 while the run has written nothing yet: no
+KeyError, TypeError or MXNetError after run_start, and no failed attempt in the log the run continues."""
+import functools
+import json
+import os
+
+import mxnet as mx
+import numpy as np
+
+from .. import config, model, optim
+from ..errors import InputError
+from . import trainer_file
+
+SEED_HIGH = 2**31 - 1
+META_FIELDS = {"settings": dict, "world": int, "seed": int, "epoch": int, "step": int, "files": dict}
+POSITION_FIELDS = {"epoch": int, "step": int, "first": int, "loss": (int, float), "images": int}
+
+
+class Bad(Exception):
+    """What is wrong with a checkpoint: refused, one line."""
+
+
+def kind_name(kind):
+    return " or ".join(k.__name__ for k in kind) if isinstance(kind, tuple) else kind.__name__
+
+
+def field(data, key, kind, where, low=None):
+    """data[key], which must be of `kind` (a bool is not a number here) and at least `low`."""
+    if not isinstance(data, dict) or key not in data:
+        raise Bad(f"{where} has no {key!r}")
+    value = data[key]
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise Bad(f"{where}: {key} is {type(value).__name__}, not {kind_name(kind)}")
+    if low is not None and value < low:
+        raise Bad(f"{where}: {key} is {value}, below {low}")
+    return value
+
+
+def meta_problem(meta):
+    """Why meta.json's structure is wrong, or None (what folder.py and train.py read from it, typed)."""
+    try:
+        if not isinstance(meta, dict):
+            raise Bad(f"meta.json holds a {type(meta).__name__}, not an object")
+        for key, kind in META_FIELDS.items():
+            field(meta, key, kind, "meta.json", low=1 if key == "world" else 0 if kind is int else None)
+        if meta["seed"] > SEED_HIGH:
+            raise Bad(f"meta.json: seed is {meta['seed']}, above {SEED_HIGH}")
+        for name, entry in meta["files"].items():
+            if os.path.basename(name) != name or name in ("", ".", ".."):
+                raise Bad(f"meta.json: files lists {name!r}, not a name in the folder")
+            if not (isinstance(entry, list) and len(entry) == 2 and
+                    all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in entry)):
+                raise Bad(f"meta.json: files[{name!r}] is not [size, CRC-32]")
+        if "mllog" in meta:
+            field(meta, "mllog", dict, "meta.json")
+            field(meta["mllog"], "path", str, "meta.json's mllog")
+            field(meta["mllog"], "size", int, "meta.json's mllog", low=0)
+            field(meta["mllog"], "crc", int, "meta.json's mllog", low=0)
+    except Bad as bad:
+        return str(bad)
+    return None
+
+
+def load_problem(folder, meta):
+    """Why the files of the checkpoint in `folder` (whose meta.json passed meta_problem and whose files passed their
+    CRC check) do not load or do not fit the model of its settings, or None."""
+    try:
+        expected = expected_model(json.dumps(meta["settings"], sort_keys=True))
+        check_arrays(folder, "params", expected, every=True)
+        check_trainer(folder, list(expected.values()))
+        for rank in range(meta["world"]):
+            check_arrays(folder, f"rank{rank}.aux", expected, every=False)
+            check_rank_state(folder, f"rank{rank}.json", meta["settings"])
+    except Bad as bad:
+        return str(bad)
+    return None
+
+
+@functools.lru_cache(maxsize=2)
+def expected_model(settings):
+    """{parameter name: (shape, dtype)} of the model of the recorded settings (as JSON), in the trainer's order:
+    built on the CPU once per settings."""
+    try:
+        s = config.Settings(**json.loads(settings))
+        config.validate(s)
+    except (TypeError, ValueError, InputError) as err:
+        raise Bad(f"meta.json: its settings are not this version's ({str(err).splitlines()[0]})") from None
+    net = model.build_model(s, mx.cpu())
+    trainer = optim.make_trainer(net, s, 1)  # its parameter order is the one trainer_file's indices follow
+    return {p.name: (p.shape, np.dtype(p.dtype)) for p in trainer._params}
+
+
+def load_arrays(folder, name):
+    try:
+        arrays = mx.nd.load(os.path.join(folder, name))
+    except mx.base.MXNetError as err:
+        raise Bad(f"{name} does not load ({str(err).strip().splitlines()[-1]})") from None
+    if not isinstance(arrays, dict):
+        raise Bad(f"{name} holds unnamed arrays")
+    return arrays
+
+
+def check_arrays(folder, name, expected, every):
+    """The arrays in `name` are parameters of the model with its shapes and types; all of them when `every`."""
+    arrays = load_arrays(folder, name)
+    for key, array in arrays.items():
+        if key not in expected:
+            raise Bad(f"{name} holds {key!r}, which the model has not")
+        shape, dtype = expected[key]
+        if array.shape != shape or np.dtype(array.dtype) != dtype:
+            raise Bad(f"{name}: {key} is {array.shape} {np.dtype(array.dtype).name}, the model's {shape} {dtype.name}")
+    missing = sorted(set(expected) - set(arrays)) if every else []
+    if missing:
+        raise Bad(f"{name} has no {missing[0]}")
+
+
+def load_json(folder, name):
+    try:
+        with open(os.path.join(folder, name)) as f:
+            return json.load(f)
+    except (OSError, ValueError) as err:
+        raise Bad(f"{name} does not load ({err})") from None
+
+
+def check_trainer(folder, params):
+    """trainer.json's counts and the trainer's arrays: one part per state it lists, each of its parameter's shape."""
+    plain = load_json(folder, trainer_file.COUNTS)
+    where = trainer_file.COUNTS
+    field(plain, "num_update", int, where, low=0)
+    for key in ("parts", "counts"):
+        for index, value in field(plain, key, dict, where).items():
+            if not index.isdigit() or int(index) >= len(params):
+                raise Bad(f"{where}: {key} names parameter {index!r}, which the model has not")
+            field({index: value}, index, int, f"{where}'s {key}", low=0)
+    arrays = load_arrays(folder, trainer_file.STATES)
+    wanted = {f"{index}.{k}" for index, count in plain["parts"].items() for k in range(count)}
+    if set(arrays) != wanted:
+        odd = sorted(set(arrays) ^ wanted)[0]
+        raise Bad(f"{trainer_file.STATES}: {'has no' if odd in wanted else 'holds an unlisted'} state {odd!r}")
+    for key, array in arrays.items():
+        shape = params[int(key.split(".")[0])][0]
+        if array.shape != shape:
+            raise Bad(f"{trainer_file.STATES}: state {key} is {array.shape}, its parameter's {shape}")
+
+
+def check_rank_state(folder, name, settings):
+    """A rank's position, iterator states and generator states, as Checkpoints.restore reads them."""
+    state = load_json(folder, name)
+    position = field(state, "position", dict, name)
+    for key, kind in POSITION_FIELDS.items():
+        field(position, key, kind, f"{name}'s position", low=0)
+    iters = field(state, "iters", dict, name)
+    splits = ["train"] + (["val"] if settings.get("data_val") and not settings.get("synthetic") else [])
+    for split in splits:
+        it = field(iters, split, dict, f"{name}'s iters")
+        for key in ("position", "epochs", "built_epochs"):
+            if key in it or key == "position":
+                field(it, key, int, f"{name}'s {split} iterator", low=0)
+        if "skipped" in it and not isinstance(it["skipped"], list):
+            raise Bad(f"{name}'s {split} iterator: skipped is not a list")
+    python = field(state, "python_random", list, name)
+    if not (len(python) == 3 and isinstance(python[0], int) and isinstance(python[1], list)):
+        raise Bad(f"{name}: python_random is not Python's generator state")
+    numpy = field(state, "numpy_random", list, name)
+    if not (len(numpy) == 5 and numpy[0] == "MT19937" and isinstance(numpy[1], list) and len(numpy[1]) == 624):
+        raise Bad(f"{name}: numpy_random is not NumPy's generator state")
