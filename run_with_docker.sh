@@ -22,6 +22,8 @@
 #            true only when the drop really happened.
 # SELFTEST   1: run `python -m rn50_mx.selftest` on the config and the data before the first trial (a failed
 #            check stops the launch); 0 (default): don't.
+# FRAGMENTS  1 (default): source the config's fragments (DGXSYSTEM above); 0: don't (the search's trials, which
+#            export every value).
 set -euo pipefail
 
 HERE=$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")

@@ -85,9 +85,14 @@ read_resume_state() {
 # Sources $1's fragments, config/<SYSTEM>_tuned.sh (`python -m rn50_mx.tune` writes it) then
 # config/<SYSTEM>_hparams.sh (`python -m rn50_mx.search`), those there are, as if they came right after the config: a
 # variable exported after sourcing the config (its value is not the config's) keeps that value, and a line per
-# fragment says which values it gave.
+# fragment says which values it gave. FRAGMENTS=0 (the search's launcher trials, which export every value): none.
 source_fragments() {
     local sourced=("$1") fragment
+    case "${FRAGMENTS:-1}" in
+        1) ;;
+        0) echo "${LAUNCHER}: FRAGMENTS=0: no config fragment sourced"; return ;;
+        *) die "FRAGMENTS=${FRAGMENTS}: expected 1 (source the config's fragments, the default) or 0" ;;
+    esac
     for fragment in "${1%.sh}_tuned.sh" "${1%.sh}_hparams.sh"; do
         [[ -f "$fragment" ]] || continue
         source_fragment "$fragment" "${sourced[@]}"

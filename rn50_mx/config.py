@@ -418,6 +418,11 @@ def env_names():
     return names + list(REFERENCE_ONLY_ENV) + [prefix + "*" for prefix in OWNED_ENV_PREFIXES]
 
 
+def value_text(value):
+    """A setting's value as a flag or a variable gives it (a bool as 0 or 1)."""
+    return str(int(value) if isinstance(value, bool) else value)
+
+
 def as_flags(s):
     """Flags that give every field of `s` (flags beat the environment), for a process that must resolve the same
     settings; OMP_NUM_THREADS is not among them (only the variable sets it)."""
@@ -425,8 +430,15 @@ def as_flags(s):
     for f in FIELDS.values():
         value = getattr(s, f.name)
         if value is not None and f.name != "omp_num_threads":
-            flags += [flag_name(f.name), str(int(value) if isinstance(value, bool) else value)]
+            flags += [flag_name(f.name), value_text(value)]
     return flags
+
+
+def as_env(s):
+    """{variable: value} for every field of `s` that a variable sets, host paths excepted (a launcher passes the
+    data files itself): what a launcher's environment needs for its training to resolve the same settings."""
+    return {f.metadata["env"]: value_text(getattr(s, f.name)) for f in FIELDS.values()
+            if f.metadata["env"] not in (None, *HOST_PATH_ENV) and getattr(s, f.name) is not None}
 
 
 def environ_with(**changes):

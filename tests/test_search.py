@@ -179,11 +179,46 @@ def test_a_second_driver_on_the_study_is_refused_in_one_line(tiny_data, tmp_path
     (["--storage", "sqlite:////proc/no/such.db"], {}, "--storage sqlite:////proc/no/such.db: cannot open the study"),
     (["--results", "/proc/no_such_folder"], {}, "/proc/no_such_folder: cannot create"),
     (["--mode", "fast"], {}, "argument --mode: invalid choice: 'fast'"),
+    (["--launcher", "ssh"], {}, "argument --launcher: invalid choice: 'ssh'"),
+    (["--launcher", "docker", "--data-val", "/x/v.rec"], {},
+     "--launcher docker: the launchers read DATADIR/train.rec and DATADIR/val.rec, not "),
 ])
 def test_bad_input_is_one_line(tiny_data, tmp_path, flags, env, says):
     result = search(tmp_path, environ(tiny_data, **env), *flags)
     assert_one_line_naming(result, says)
     assert leftovers(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_the_docker_launcher_runs_each_trial_as_a_launch(tiny_data, tmp_path):
+    """--launcher docker: each run of a trial is run_with_docker.sh with NEXP=1 (on this machine: CONT unset), its
+    settings exported as the config's variables and no fragment sourced; the study reads its trial log."""
+    env = environ(tiny_data, CLEAR_CACHES="0")
+    result = search(tmp_path, env, "--launcher", "docker", "--knob", "EVAL_OFFSET=0:1", "--trials", "1",
+                    "--finalists", "0")
+    assert result.returncode == 0, result.stdout + result.stderr
+    [trial] = study_trials(tmp_path)
+    assert trial.state.name == "COMPLETE" and trial.value == 2.0 and trial.params == {"EVAL_OFFSET": 1}
+    folder = tmp_path / "res" / "trials" / "0000"
+    assert trial.user_attrs["logs"] == [str(folder / "seed100000_1.log")]
+    out = (folder / "seed100000.out").read_text()
+    assert "run_with_docker.sh: FRAGMENTS=0: no config fragment sourced" in out and "Beginning trial 1 of 1" in out
+    assert "--eval-offset" in out and "RESULT,IMAGE_CLASSIFICATION" in out
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("value, says", [("0", "test: FRAGMENTS=0: no config fragment sourced"), ("2", "FRAGMENTS=2: ")])
+def test_fragments_0_sources_none(tmp_path, value, says):
+    """The launchers' FRAGMENTS=0 (the search's launcher trials carry every value): a fragment beside the config is
+    not sourced; another value is one line."""
+    (tmp_path / "CPU.sh").write_text("export EVAL_OFFSET=1\n")
+    (tmp_path / "CPU_hparams.sh").write_text("export EVAL_OFFSET=0\n")
+    result = bash(f"LAUNCHER=test; source trials.sh; source {tmp_path}/CPU.sh; source_fragments {tmp_path}/CPU.sh; "
+                  "echo EVAL_OFFSET=$EVAL_OFFSET", env={"FRAGMENTS": value})
+    if value == "0":
+        assert result.stdout.splitlines() == [says, "EVAL_OFFSET=1"], result.stderr
+    else:
+        assert_one_line_naming(result, says)
 
 
 def test_the_plan_needs_no_data(tmp_path):

@@ -6,6 +6,7 @@ scancel stops every rank. The tiny dataset of conftest's tiny_data, a few second
 import json
 import math
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -179,6 +180,45 @@ def test_a_world_other_than_the_configs_stops_every_rank_before_run_start(cluste
     assert sorted(line for line in result.stderr.splitlines() if not line.startswith("srun: ")) == lines, \
         result.stderr
     assert "run_start" not in result.stdout and "Traceback" not in result.stderr
+
+
+def search_environ(cluster, tiny_data, **changes):
+    """config/CPU.sh's variables, the tiny settings and the cluster's slurm.conf, as a user's shell before a search."""
+    sourced = cluster.run(["bash", "-c", "source config/CPU.sh && env -0"], cwd=ROOT).stdout
+    env = dict(item.split("=", 1) for item in sourced.split("\0") if "=" in item)
+    return {**env, **TINY, "LR": "0.5", "DATADIR": tiny_data, "CLEAR_CACHES": "0", "PATH": ENV_PATH, **PYTHONPATH,
+            **changes}
+
+
+@pytest.mark.slow
+def test_a_search_runs_its_trials_as_jobs_and_cancels_them_when_stopped(cluster, tiny_data, tmp_path):
+    """--launcher slurm: a trial's run is one run.sub job through the real sbatch; the study reads its trial log.
+    Then a long trial: SIGTERM to the driver cancels its job (scancel), and no task is left."""
+    command = [sys.executable, "-m", "rn50_mx.search", "--launcher", "slurm", "--knob", "LR=0.4:0.6", "--trials", "1",
+               "--finalists", "0", "--out", str(tmp_path / "cfg")]
+    result = subprocess.run([*command, "--results", str(tmp_path / "res")], env=search_environ(cluster, tiny_data),
+                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr + cluster.logs()
+    assert "-> COMPLETE" in result.stdout.splitlines()[0], result.stdout
+    log = tmp_path / "res" / "trials" / "0000" / "seed100000_1.log"
+    assert mllog(log, "run_stop") and "Beginning trial 1 of 1" in log.read_text()
+
+    long = search_environ(cluster, tiny_data, NUMEPOCHS="200", ACCURACY_THRESHOLD="1.0")
+    out = tmp_path / "driver.out"
+    with open(out, "w") as f:
+        driver = subprocess.Popen([*command, "--results", str(tmp_path / "long")], env=long, cwd=ROOT, stdout=f,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    trial_log = tmp_path / "long" / "trials" / "0000" / "seed100000_1.log"
+    deadline = time.time() + 300
+    while "epoch 1:" not in (trial_log.read_text() if trial_log.exists() else ""):
+        assert driver.poll() is None and time.time() < deadline, out.read_text() + cluster.logs()
+        time.sleep(1)
+    [job_id] = {p.environ().get("SLURM_JOB_ID") for p in cluster.job_processes() if "rn50_mx.train" in
+                " ".join(p.cmdline())}
+    driver.send_signal(signal.SIGTERM)
+    assert driver.wait(timeout=180) == 143, out.read_text()
+    assert cluster.job(job_id)["JobState"] == "CANCELLED"
+    assert ranks_of(cluster, job_id) == []
 
 
 def ranks_of(cluster, job_id):

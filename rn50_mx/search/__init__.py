@@ -17,7 +17,7 @@ import socket
 from .. import children, config, files
 from ..errors import InputError
 from ..tune.output import owned_fragment
-from . import output, space
+from . import launchers, output, space
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -39,8 +39,10 @@ def parse_args(argv):
     add("--finalists", type=int, default=1, help="best sets re-run on fresh seeds beside the sourced one (default 1)")
     add("--final-seeds", type=int, default=5, help="fresh seeds per finalist (default 5, as MLPerf's score)")
     add("--parallel", type=int, default=1, help="trials at once (default 1: one machine's GPUs per trial)")
-    add("--launcher", choices=("local",), default="local",
-        help="local: python -m rn50_mx.train (under horovodrun for several processes) on this machine")
+    add("--launcher", choices=launchers.KINDS, default="local",
+        help="local: python -m rn50_mx.train (under horovodrun for several processes) on this machine (default); "
+             "docker: run_with_docker.sh (CONT: the image), one trial per run; slurm: one run.sub job per run "
+             "through sbatch (sbatch from this repository's root; --parallel jobs at once)")
     add("--storage", default="", help="an Optuna storage URL (default: sqlite:///RESULTS/STUDY.db)")
     add("--study", default="", help="the study's name (default: the config's DGXSYSTEM)")
     add("--objective", choices=("epochs", "minutes"), default="epochs",
@@ -118,6 +120,7 @@ def search(s, args, knobs):
 
     if not s.data_train or not s.data_val:
         raise InputError("--data-train and --data-val (or DATADIR): every trial trains and evaluates on real data")
+    launchers.check(args.launcher, s)
     data.check_files(s)
     fragment = os.path.join(args.out, f"{s.dgxsystem}_hparams.sh")
     lock = hold_lock(args)
@@ -140,8 +143,8 @@ def search(s, args, knobs):
         sets = [("sourced", space.start(s, knobs))] + [(f"trial {t.number}", {k.env: t.params[k.env] for k in knobs})
                                                       for t in best if t.params != space.start(s, knobs)]
         seeds = [driver.FINAL_SEEDS + k for k in range(args.final_seeds)]
-        rows = finals.run_sets(s, sets, knobs, seeds, os.path.join(args.results, "finals"), args.parallel,
-                               mlperf_rules.DEFAULT_RULESET, args.mode)
+        rows = finals.run_sets(s, sets, knobs, seeds, os.path.join(args.results, "finals"), args,
+                               mlperf_rules.DEFAULT_RULESET)
         table = {name: (params, rows[name]) for name, params in sets}
         print(output.table(table, args.mode))
         key = "epochs" if args.objective == "epochs" else "minutes"

@@ -4,9 +4,8 @@ they run, so a restarted driver ends what is left of them and runs those trials 
 import time
 from statistics import mean
 
-from .. import children
 from ..errors import InputError
-from . import output, space, trials
+from . import launchers, output, space, trials
 
 SEARCH_SEEDS, FINAL_SEEDS = 100_000, 900_000  # disjoint: a finalist is never measured on a search seed
 
@@ -53,12 +52,12 @@ class Driver:
         return [c for t in self.complete() for c in t.user_attrs.get("curves", [])]
 
     def recover(self):
-        """Trials a killed driver left RUNNING: their process groups ended, the trial failed and queued again."""
+        """Trials a killed driver left RUNNING: their process groups or jobs ended, the trial failed and queued again."""
         import optuna
 
         for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            for pgid in t.user_attrs.get("pgids", []):
-                children.stop_group(pgid)
+            for record in t.user_attrs.get("runs", []):
+                launchers.end_recorded(record)
             self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
             self.study.enqueue_trial(t.params or t.system_attrs.get("fixed_params", {}), skip_if_exists=False)
             print(f"search: trial {t.number} was running when the last driver stopped: its processes ended, "
@@ -91,21 +90,21 @@ class Driver:
         self.next_seed(slot)
 
     def next_seed(self, slot):
-        run = trials.Run(slot.s, slot.folder, slot.seeds.pop(0))
+        run = trials.Run(slot.s, slot.folder, slot.seeds.pop(0), self.args.launcher)
         slot.runs.append(run)
         try:
-            pid = run.start()
+            record = run.start()
         except InputError as err:
             slot.pruned = str(err)
             return
-        slot.trial.set_user_attr("pgids", [pid])
+        slot.trial.set_user_attr("runs", [record])
 
     def poll(self, slot):
         """Report new evals, prune, start the next seed; True when the trial has ended (told to the study)."""
         import optuna
 
         run = slot.current
-        if slot.pruned and (run.proc is None or run.done()):
+        if slot.pruned and (run.started is None or run.done()):
             return self.end(slot, optuna.trial.TrialState.PRUNED)
         state = run.read()
         for epoch, top1 in (state.evals if state else []):
@@ -167,5 +166,5 @@ class Driver:
 
     def stop_all(self, why):
         for slot in self.slots:
-            if slot.current and slot.current.proc and not slot.current.done():
+            if slot.current and slot.current.started and not slot.current.done():
                 slot.current.stop(why)

@@ -15,23 +15,24 @@ def olympic(values):
     return mean(values[1:-1] if len(values) >= 3 else values)
 
 
-def run_sets(s, sets, knobs, seeds, folder, parallel, ruleset, mode):
-    """{name: row} for each (name, params) of `sets`, every set on every seed of `seeds`, `parallel` runs at once."""
+def run_sets(s, sets, knobs, seeds, folder, args, ruleset):
+    """{name: row} for each (name, params) of `sets`, every set on every seed of `seeds`, --parallel runs at once
+    through --launcher."""
     pending = [(name, params, seed) for name, params in sets for seed in seeds]
     running, done = [], {name: [] for name, _ in sets}
     while pending or running:
-        while pending and len(running) < parallel:
+        while pending and len(running) < args.parallel:
             name, params, seed = pending.pop(0)
             sub = os.path.join(folder, name.replace(" ", "-"))
             os.makedirs(sub, exist_ok=True)
-            run = trials.Run(space.apply(s, params, knobs), sub, seed)
+            run = trials.Run(space.apply(s, params, knobs), sub, seed, args.launcher)
             run.start()
             running.append((name, run))
         for item in [r for r in running if r[1].done()]:
             running.remove(item)
             done[item[0]].append(item[1])
         time.sleep(0.5)
-    return {name: row(done[name], space.apply(s, params, knobs), ruleset, mode) for name, params in sets}
+    return {name: row(done[name], space.apply(s, params, knobs), ruleset, args.mode) for name, params in sets}
 
 
 def row(runs, s, ruleset, mode):

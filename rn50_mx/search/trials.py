@@ -1,43 +1,35 @@
-"""One trial's runs, as a user runs training: `python -m rn50_mx.train` (under horovodrun for several processes) in a
-process group of its own, each seed's MLPerf log in the trial's folder, read as it grows with timing's parser."""
+"""One trial's runs, as a user runs training (launchers.py: this machine, run_with_docker.sh or a Slurm job), each
+seed's MLPerf log in the trial's folder, read as it grows with timing's parser."""
 import math
 import os
 import re
-import subprocess
-import sys
 
-from .. import children, config, timing
+from .. import config, timing
 from ..errors import InputError
+from . import launchers
 
 PENALTY = 2  # epochs added to the horizon for a seed that does not reach the target (MLPerf counts no such run)
 DIVERGED, RANKED = "diverged", "pruned"
 
 
-def command(s):
-    """The training command of settings `s`: every value as a flag, so the run resolves exactly these."""
-    train = [sys.executable, "-m", "rn50_mx.train", *config.as_flags(s)]
-    processes = s.world_size
-    if processes == 1:
-        return train
-    return ["horovodrun", "--gloo", "-np", str(processes), "-H", f"localhost:{processes}", *train]
-
-
 class Run:
-    """One seed of one trial: its process group and its log."""
+    """One seed of one trial: where it runs, its log and its output."""
 
-    def __init__(self, s, folder, seed):
-        self.log, self.out = os.path.join(folder, f"seed{seed}.log"), os.path.join(folder, f"seed{seed}.out")
-        self.s = s.replace(seed=seed, mllog_file=self.log)
-        self.proc, self.stopped = None, ""
+    def __init__(self, s, folder, seed, kind="local"):
+        self.kind, self.folder, self.seed = kind, folder, seed
+        self.log, self.out = launchers.log_path(kind, folder, seed), os.path.join(folder, f"seed{seed}.out")
+        # Trials share no checkpoint folder or model file; a launcher trial's log is the launcher's trial log.
+        self.s = s.replace(seed=seed, mllog_file=self.log if kind == "local" else "", checkpoint_dir="", save_model="")
+        self.started, self.stopped = None, ""
 
     def start(self):
+        """Starts the run; its record (what a later driver needs to end it)."""
         try:
             config.validate(self.s, {})
         except InputError as err:
             raise InputError(f"trial settings refused: {err}") from None
-        with open(self.out, "w") as out:
-            self.proc = children.start(command(self.s), stdout=out, stderr=subprocess.STDOUT)
-        return self.proc.pid
+        self.started = launchers.start(self.kind, self.s, self.folder, self.seed, self.out)
+        return self.started.record
 
     def read(self):
         """timing's Run for the log so far, or None before run_start."""
@@ -54,12 +46,12 @@ class Run:
             return ""
 
     def done(self):
-        return self.proc is not None and self.proc.poll() is not None
+        return self.started is not None and self.started.done()
 
     def stop(self, why):
-        """End the run's whole process group (horovodrun and its ranks) and wait for it."""
+        """End the run: its whole process group (horovodrun and its ranks), or its Slurm job."""
         self.stopped = why
-        children.stop(self.proc)
+        self.started.stop()
 
 
 def epochs_to_target(run, s):

@@ -1,0 +1,116 @@
+"""Where one run of a trial goes, as a user runs training: `local` (python -m rn50_mx.train, under horovodrun for
+several processes), `docker` (run_with_docker.sh with NEXP=1: in the image when CONT is set, on this machine
+otherwise) or `slurm` (one run.sub job, submitted with sbatch, ended with scancel). A launcher trial gets its
+settings as the variables the config exports (every value, FRAGMENTS=0: no config/<SYSTEM>_*.sh fragment may
+change them) and writes its trial log, MLPerf lines included, in the trial's folder. Each started run has a record
+the study keeps, from which a driver started after a killed one ends what is left of it."""
+import os
+import subprocess
+import sys
+import time
+
+from .. import children, config
+from ..errors import InputError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+KINDS = ("local", "docker", "slurm")
+DATA_FILES = ("train.rec", "val.rec")  # what the launchers pass as --data-train and --data-val, in DATADIR
+
+
+def check(kind, s):
+    """One line when `s` cannot go through launcher `kind`: the launchers read DATADIR/train.rec and val.rec."""
+    if kind == "local":
+        return
+    folder = os.path.dirname(s.data_train)
+    if (os.path.basename(s.data_train), os.path.basename(s.data_val)) != DATA_FILES or \
+            os.path.dirname(s.data_val) != folder:
+        raise InputError(f"--launcher {kind}: the launchers read DATADIR/train.rec and DATADIR/val.rec, not "
+                         f"{s.data_train} and {s.data_val}")
+
+
+def log_path(kind, folder, seed):
+    """The run's MLPerf log: the trial log a launcher writes (LOGDIR/DATESTAMP_1.log), or training's own file."""
+    return os.path.join(folder, f"seed{seed}.log" if kind == "local" else f"seed{seed}_1.log")
+
+
+def train_command(s):
+    """The training command of settings `s`: every value as a flag, so the run resolves exactly these."""
+    train = [sys.executable, "-m", "rn50_mx.train", *config.as_flags(s)]
+    processes = s.world_size
+    if processes == 1:
+        return train
+    return ["horovodrun", "--gloo", "-np", str(processes), "-H", f"localhost:{processes}", *train]
+
+
+def launcher_env(s, folder, seed):
+    """The environment of a launcher trial: the settings as the config's variables, one trial with `seed`, its log
+    in `folder`, no fragment sourced."""
+    return config.environ_with(**{**config.as_env(s), "NEXP": "1", "SEED": str(seed), "LOGDIR": folder,
+                                  "DATESTAMP": f"seed{seed}", "FRAGMENTS": "0", "DATADIR": os.path.dirname(s.data_train)})
+
+
+class Group:
+    """A run in a process group of its own on this machine (local, docker)."""
+
+    def __init__(self, command, out, env=None):
+        with open(out, "w") as f:
+            self.proc = children.start(command, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        self.record = ["pgid", self.proc.pid]
+
+    def done(self):
+        return self.proc.poll() is not None
+
+    def stop(self):
+        children.stop(self.proc)
+
+
+class Job:
+    """A run as a Slurm job of run.sub, submitted from the repository's root."""
+
+    def __init__(self, s, out, env):
+        result = subprocess.run(["sbatch", "--parsable", "-N", str(s.dgxnnodes), "-J", "rn50-search", "-o", out,
+                                 "run.sub"], cwd=ROOT, env=env, capture_output=True, text=True)
+        if result.returncode:
+            raise InputError(f"sbatch: {(result.stderr.strip() or 'failed').splitlines()[-1]}")
+        self.record = ["job", int(result.stdout.strip().split(";")[0])]
+
+    def done(self):
+        return job_done(self.record[1])
+
+    def stop(self):
+        end_job(self.record[1])
+
+
+def job_done(job_id):
+    """True once Slurm no longer lists the job (or knows it no more); a failed squeue counts as not done."""
+    result = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True)
+    if result.returncode:
+        return "Invalid job id" in result.stderr
+    return not result.stdout.strip()
+
+
+def end_job(job_id, timeout=120.0):
+    """scancel, then wait until the job has left the queue (its tasks ended by Slurm)."""
+    subprocess.run(["scancel", str(job_id)], capture_output=True)
+    deadline = time.time() + timeout
+    while not job_done(job_id) and time.time() < deadline:
+        time.sleep(1.0)
+
+
+def start(kind, s, folder, seed, out):
+    """The started run of settings `s` (seed, log and paths already set) through launcher `kind`."""
+    if kind == "local":
+        return Group(train_command(s), out)
+    env = launcher_env(s, folder, seed)
+    if kind == "docker":
+        return Group([os.path.join(ROOT, "run_with_docker.sh")], out, env)
+    return Job(s, out, env)
+
+
+def end_recorded(record):
+    """End what a killed driver's run left, from its record: a process group, or a Slurm job."""
+    kind, ident = record
+    if kind == "pgid":
+        children.stop_group(ident)
+    else:
+        end_job(ident)
