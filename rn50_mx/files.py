@@ -87,6 +87,17 @@ def owned(path):
         os.close(fd)
 
 
+def owned_in_folder(path):
+    """owned(path), its folder created first: an unwritable folder or a second writer is one line before any work
+    is done for the output (the tuner's and the search's config fragments)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:
+        raise os_error(folder, err, "create") from None
+    return owned(path)
+
+
 def temp_name(path):
     """A temporary name next to `path` that no other writer shares."""
     return f"{path}.{os.getpid()}-{secrets.token_hex(3)}.tmp"
@@ -133,46 +144,3 @@ def crc32(path, size=None):
             value = zlib.crc32(chunk, value)
             left = None if left is None else left - len(chunk)
     return value
-
-
-def log_mark(path):
-    """What a log holds now, to know it again: its path, size and CRC-32 (continued_log checks them)."""
-    size = os.path.getsize(path)
-    return {"path": os.path.abspath(path), "size": size, "crc": crc32(path, size)}
-
-
-def new_log(path):
-    """Open `path` for a log that must hold one run only: created, or an existing empty file; an existing log is
-    refused, never appended to. The returned descriptor holds an exclusive lock on the file for as long as it is
-    open (the process's life), so that a second writer is refused instead of interleaving its lines."""
-    fd = lock_file(path)
-    if os.fstat(fd).st_size:
-        os.close(fd)
-        raise InputError(f"{path}: exists and holds a log; a log holds one run only: give a new file name "
-                         "(or remove the old log)")
-    return fd
-
-
-def continued_log(path, mark, whose):
-    """Open `path` to append a resumed run's lines to the log of the run it resumes (`whose`, which held `mark`,
-    log_mark's, at its checkpoint): the file must begin with those very bytes, so that it stays one run's story;
-    locked as new_log's. A last line cut short (a writer killed mid-line) is ended first: the appended lines start
-    on lines of their own."""
-    if not os.path.isfile(path):
-        raise not_that_log(path, mark, whose, "it does not exist")
-    fd = lock_file(path)
-    size = os.fstat(fd).st_size
-    why = (f"it has {size} bytes" if size < mark["size"] else
-           f"its first {mark['size']} bytes differ" if crc32(path, mark["size"]) != mark["crc"] else None)
-    if why:
-        os.close(fd)
-        raise not_that_log(path, mark, whose, why)
-    if size and os.pread(fd, 1, size - 1) != b"\n":
-        os.pwrite(fd, b"\n", size)
-    return fd
-
-
-def not_that_log(path, mark, whose, why):
-    return InputError(f"{path}: not the MLPerf log of the run being resumed ({why}; {whose} was written when "
-                      f"{mark['path']} had {mark['size']} bytes): a resumed run appends to its run's log; give "
-                      "that file")

@@ -6,22 +6,68 @@ and their order follow the NF5688M6 log; `python -m mlperf_logging.compliance_ch
 --ruleset 1.0.0 LOG` accepts what this module writes.
 """
 import logging
+import os
 import sys
 
 from mlperf_logging import mllog
 from mlperf_logging.mllog import constants as K
 
 from .errors import InputError
-from .files import continued_log, new_log
+from .files import crc32, lock_file
 
 _logger = mllog.get_mllogger()
 _rank = 0
 _file_lock = None  # the descriptor that owns the log file while this process writes it
 
 
+# --- the log file: one run's story, owned by its writer ------------------------------------------------------
+
+def log_mark(path):
+    """What a log holds now, to know it again: its path, size and CRC-32 (continued_log checks them)."""
+    size = os.path.getsize(path)
+    return {"path": os.path.abspath(path), "size": size, "crc": crc32(path, size)}
+
+
+def new_log(path):
+    """Open `path` for a log that must hold one run only: created, or an existing empty file; an existing log is
+    refused, never appended to. The returned descriptor holds an exclusive lock on the file for as long as it is
+    open (the process's life), so that a second writer is refused instead of interleaving its lines."""
+    fd = lock_file(path)
+    if os.fstat(fd).st_size:
+        os.close(fd)
+        raise InputError(f"{path}: exists and holds a log; a log holds one run only: give a new file name "
+                         "(or remove the old log)")
+    return fd
+
+
+def continued_log(path, mark, whose):
+    """Open `path` to append a resumed run's lines to the log of the run it resumes (`whose`, which held `mark`,
+    log_mark's, at its checkpoint): the file must begin with those very bytes, so that it stays one run's story;
+    locked as new_log's. A last line cut short (a writer killed mid-line) is ended first: the appended lines start
+    on lines of their own."""
+    if not os.path.isfile(path):
+        raise not_that_log(path, mark, whose, "it does not exist")
+    fd = lock_file(path)
+    size = os.fstat(fd).st_size
+    why = (f"it has {size} bytes" if size < mark["size"] else
+           f"its first {mark['size']} bytes differ" if crc32(path, mark["size"]) != mark["crc"] else None)
+    if why:
+        os.close(fd)
+        raise not_that_log(path, mark, whose, why)
+    if size and os.pread(fd, 1, size - 1) != b"\n":
+        os.pwrite(fd, b"\n", size)
+    return fd
+
+
+def not_that_log(path, mark, whose, why):
+    return InputError(f"{path}: not the MLPerf log of the run being resumed ({why}; {whose} was written when "
+                      f"{mark['path']} had {mark['size']} bytes): a resumed run appends to its run's log; give "
+                      "that file")
+
+
 def configure(rank, filename="", resumes=None):
     """Log from this process only when it is rank 0; also write to `filename` when given, owned by this process
-    until it exits (rn50_mx/files.py): a new (or empty) file, never one holding another run; or, when `resumes` =
+    until it exits (new_log): a new (or empty) file, never one holding another run; or, when `resumes` =
     (checkpoint folder, log_mark of the log at that checkpoint), the log of the run resumed, continued."""
     global _rank, _file_lock
     _rank = rank

@@ -231,10 +231,10 @@ def test_two_packs_into_one_prefix_one_is_refused_and_the_old_set_survives(share
 
 
 def test_two_trainings_on_one_mllog_file(tmp_path):
-    """The second writer meets the first's lock (a live process holding it through files.new_log), and a log that
+    """The second writer meets the first's lock (a live process holding it through mlperf_log.new_log), and a log that
     holds a run is never appended to."""
     log = tmp_path / "mlperf.log"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from rn50_mx.files import new_log; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from rn50_mx.mlperf_log import new_log; "
                                f"new_log({str(log)!r}); print('held', flush=True); time.sleep(60)"],
                               env={"PATH": ENV_PATH, **PYTHONPATH}, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     flags = ["--synthetic", "1", "--num-examples", "8", "--batch-size", "4", "--num-epochs", "1", "--warmup-epochs",

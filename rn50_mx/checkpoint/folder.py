@@ -13,7 +13,7 @@ import sys
 import mxnet as mx
 import numpy as np
 
-from .. import config, dist, files
+from .. import config, dist, files, mlperf_log
 from ..errors import InputError
 from . import trainer_file
 from .disk import META, first_line, fsync_path, problem, read_meta, summary, write_bytes
@@ -167,7 +167,7 @@ class Checkpoints:
                 "world": self.d.size, "seed": base_seed, "epoch": pos.epoch, "step": pos.step,
                 "files": summary(tmp)}
         if self.s.mllog_file:  # what the log holds now: the resumed run appends to this very file
-            meta["mllog"] = files.log_mark(self.s.mllog_file)
+            meta["mllog"] = mlperf_log.log_mark(self.s.mllog_file)
         write_bytes(os.path.join(tmp, META), json.dumps(meta, indent=1).encode())
         fsync_path(tmp)
         if os.path.exists(final):  # a step written before by a run whose later checkpoints were refused
@@ -205,6 +205,23 @@ def lock(folder):
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
     return fd
+
+
+def model_arrays(folder):
+    """{name: host array} of the model the checkpoint in `folder` holds: its parameters with its ranks' BatchNorm
+    statistics averaged, the one model a multi-rank run's eval judges (train.one_model)."""
+    params = mx.nd.load(os.path.join(folder, "params"))
+    stats = [mx.nd.load(os.path.join(folder, f"rank{r}.aux")) for r in range(read_meta(folder)["world"])]
+    return {name: mean([ranks[name] for ranks in stats]) if name in stats[0] else array
+            for name, array in params.items()}
+
+
+def mean(arrays):
+    """The ranks' mean of one statistic; the array itself when they agree (after an eval: exact, whatever the
+    number of ranks)."""
+    if all((a == arrays[0]).min().asscalar() for a in arrays[1:]):
+        return arrays[0]
+    return mx.nd.add_n(*arrays) / len(arrays)
 
 
 def refuse_ended(folder):

@@ -1,7 +1,8 @@
-"""The trained model (--save-model): owned from the start of the run, written when it ends."""
+"""The trained model (--save-model): owned from the start of the run, written when it ends, loaded by evaluate."""
 import contextlib
 import json
 import os
+import warnings
 
 import mxnet as mx
 
@@ -55,3 +56,29 @@ def save_model(net, path, s):
     finally:
         files.remove_quietly(*(tmp + suffix for suffix in MODEL_FILES))
     return tuple(path + suffix for suffix in MODEL_FILES)
+
+
+def load_model(path, s, ctx):
+    """The network --save-model PATH wrote, as a SymbolBlock on ctx, after checking that `s` is what it was built
+    for (PATH-settings.json)."""
+    for name in (path + suffix for suffix in MODEL_FILES):
+        if not os.path.isfile(name):
+            raise InputError(f"--model {path}: no {name} (python -m rn50_mx.train --save-model {path} writes it)")
+    recorded = read_json(path + "-settings.json")
+    problem = settings_problem(recorded, s) if isinstance(recorded, dict) else "not a settings object"
+    if problem:
+        raise InputError(f"--model {path}: {problem} (its -settings.json)")
+    try:
+        with warnings.catch_warnings():  # imports() cannot infer the input's type before the first batch; it is fine
+            warnings.simplefilter("ignore", UserWarning)
+            return mx.gluon.SymbolBlock.imports(path + "-symbol.json", ["data"], path + "-0000.params", ctx=ctx)
+    except (mx.base.MXNetError, ValueError, AssertionError) as err:
+        raise InputError(f"--model {path}: cannot load ({first_line(err)})") from None
+
+
+def read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as err:
+        raise InputError(f"{path}: cannot read ({err})") from None

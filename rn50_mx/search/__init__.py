@@ -16,7 +16,6 @@ import socket
 
 from .. import children, config, files
 from ..errors import InputError
-from ..tune.output import owned_fragment
 from . import launchers, output, space
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -124,7 +123,7 @@ def search(s, args, knobs):
     data.check_files(s)
     fragment = os.path.join(args.out, f"{s.dgxsystem}_hparams.sh")
     lock = hold_lock(args)
-    with owned_fragment(fragment):  # the tuner's fragment rules: folder made, one writer, checked before work
+    with files.owned_in_folder(fragment):  # the tuner's rules: folder made, one writer, checked before work
         study = open_study(args, knobs)
         loop = driver.Driver(s, args, knobs, study, args.results)
         try:

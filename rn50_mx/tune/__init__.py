@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 
-from .. import children, config
+from .. import children, config, files
 from ..errors import InputError, run_cli
 from . import output, space
 
@@ -59,7 +59,7 @@ def tune(s, args):
 
     start = space.start(s, args.allow_augmentation_changes)
     path = os.path.join(args.out, f"{s.dgxsystem}_tuned.sh")
-    with output.owned_fragment(path):  # the output is writable and ours before the measurement begins
+    with files.owned_in_folder(path):  # the output is writable and ours before the measurement begins
         pool = workers.Workers(s, dist.context(s, 0))
         try:
             run = search.Search(pool, start, space.searched(s, args.allow_augmentation_changes), args.budget * 60,

@@ -1,8 +1,7 @@
 """What the tuner prints and writes: the plan, the table of candidates, and the config fragment."""
 import datetime
-import os
 
-from ..files import os_error, owned, write_atomically
+from ..files import write_atomically
 from . import space
 
 FRAGMENT_NOTE = """# Sourced after config/{system}.sh by run_with_docker.sh and run.sub (trials.sh's source_fragments), where a
@@ -53,17 +52,6 @@ def fragment(s, start, choice, ratios, stop):
             f"# real/synthetic {ratios[1]:.3f} with these ({stop})",
             *FRAGMENT_NOTE.format(system=s.dgxsystem, name=name).splitlines()]
     return "\n".join(head + [f"export {k}={v}" for k, v in space.exports(choice)]) + "\n"
-
-
-def owned_fragment(path):
-    """Own `path` (its folder created) for the search that fills it: a second tune of the same system, or an
-    unwritable folder, stops with one line before anything is measured."""
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as err:
-        raise os_error(folder, err, "create") from None
-    return owned(path)
 
 
 def write_fragment(path, text):
