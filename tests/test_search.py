@@ -157,11 +157,16 @@ def test_sigterm_to_the_driver_ends_its_trials_and_says_how_to_continue(tiny_dat
     assert leftovers(tmp_path) == []
 
 
-def test_a_second_driver_on_the_study_is_refused_in_one_line(tiny_data, tmp_path):
+@pytest.mark.parametrize("storage", ["", "sqlite:///{tmp}/shared.db"])
+def test_a_second_driver_on_the_study_is_refused_in_one_line(tiny_data, tmp_path, storage):
+    """The lock sits beside the study's database: a second driver given another --results folder but the same
+    --storage meets it too (the lock in --results let it write the study alongside the first)."""
     os.makedirs(tmp_path / "res")
-    held = files.try_lock(str(tmp_path / "res" / "CPU.lock"))
+    database = storage.format(tmp=tmp_path)[len("sqlite:///"):] or str(tmp_path / "res" / "CPU.db")
+    held = files.try_lock(f"{database}.CPU.lock")
     os.pwrite(held, b"process 1 on elsewhere\n", 0)
-    result = search(tmp_path, environ(tiny_data), "--trials", "1")
+    flags = ["--storage", storage.format(tmp=tmp_path), "--results", str(tmp_path / "other")] if storage else []
+    result = search(tmp_path, environ(tiny_data), "--trials", "1", *flags)
     assert_one_line_naming(result, "study 'CPU': another driver runs it (process 1 on elsewhere)")
     os.close(held)
 
@@ -176,10 +181,13 @@ def test_a_second_driver_on_the_study_is_refused_in_one_line(tiny_data, tmp_path
     (["--trials", "0"], {}, "--trials 0: must be at least 1"),
     (["--final-seeds", "0"], {}, "--final-seeds 0: must be at least 1"),
     (["--hours", "0"], {}, "--hours must be > 0"),
-    (["--storage", "sqlite:////proc/no/such.db"], {}, "--storage sqlite:////proc/no/such.db: cannot open the study"),
+    (["--storage", "sqlite:////proc/no/such.db"], {}, "--storage sqlite:////proc/no/such.db: cannot write (No such"),
+    (["--storage", "mysql://nobody@127.0.0.1:1/x"], {}, "--storage mysql://nobody@127.0.0.1:1/x: cannot open the study"),
     (["--results", "/proc/no_such_folder"], {}, "/proc/no_such_folder: cannot create"),
     (["--mode", "fast"], {}, "argument --mode: invalid choice: 'fast'"),
     (["--launcher", "ssh"], {}, "argument --launcher: invalid choice: 'ssh'"),
+    (["--study", "../x"], {}, "--study '../x': letters, digits, '.', '_' and '-' only"),
+    (["--out", "/proc/x"], {}, "/proc/x: cannot create"),
     (["--launcher", "docker", "--data-val", "/x/v.rec"], {},
      "--launcher docker: the launchers read DATADIR/train.rec and DATADIR/val.rec, not "),
 ])

@@ -12,6 +12,7 @@ Optuna study, ask-and-tell from this one process, resumable), finals (fresh seed
 checkers), output (lines, table, picture, fragment). docs/search.md says when to search and what it costs.
 """
 import os
+import re
 import socket
 
 from .. import children, config, files
@@ -69,6 +70,8 @@ def prepare(argv):
     knobs = [space.parse_knob(k, args.mode) for k in args.knob] or space.default_knobs(s, args.mode)
     space.check_start(space.start(s, knobs), knobs, args.mode)
     args.study = args.study or s.dgxsystem
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args.study):
+        raise InputError(f"--study {args.study!r}: letters, digits, '.', '_' and '-' only (it names the study's files)")
     args.results = os.path.abspath(args.results or os.path.join("results", "search", args.study))
     args.storage = args.storage or f"sqlite:///{os.path.join(args.results, args.study + '.db')}"
     return s, args, knobs
@@ -96,14 +99,22 @@ def open_study(args, knobs):
     return study
 
 
+def lock_path(args):
+    """The study's lock file: beside its SQLite database, so that drivers given other --results folders but one
+    database meet; in --results for other storages (drivers sharing a database server must share --results)."""
+    if args.storage.startswith("sqlite:///"):
+        return f"{os.path.abspath(args.storage[len('sqlite:///'):])}.{args.study}.lock"
+    return os.path.join(args.results, args.study + ".lock")
+
+
 def hold_lock(args):
     """The study's lock for the life of this process: a second driver on it is one line."""
     try:
         os.makedirs(args.results, exist_ok=True)
     except OSError as err:
         raise files.os_error(args.results, err, "create") from None
-    path = os.path.join(args.results, args.study + ".lock")
-    fd = files.try_lock(path)
+    path = lock_path(args)
+    fd = files.try_lock(path, f"--storage {args.storage}" if args.storage.startswith("sqlite:///") else None)
     if fd is None:
         with open(path) as f:
             raise InputError(f"study {args.study!r}: another driver runs it ({f.read().strip() or 'unknown'}); "
