@@ -39,6 +39,9 @@ def resumable(s, state):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
+        print(__doc__.strip() + "\n\n" + config.help_text("rn50_mx.check"))
+        return 0
     if argv == ["--env-names"]:
         print("\n".join(config.env_names()))
         return 0

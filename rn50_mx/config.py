@@ -265,6 +265,12 @@ def _check(f, value, source):
         raise SettingsError(f"{source}={value!r}: must be <= {meta['high']}")
 
 
+def check_fields(s, src=flag_name):
+    """Each field's type and range on its own (validate adds the checks across fields); src(name) names it."""
+    for f in FIELDS.values():
+        _check(f, getattr(s, f.name), src(f.name))
+
+
 def validate(s, origins=None):
     """Each field's range, then the checks across fields. origins (resolve's) lets a message name the environment
     variable a bad value came from rather than its flag."""
@@ -275,8 +281,7 @@ def validate(s, origins=None):
         origin = origins.get(name, "flag")
         return flag_name(name) if origin == "flag" else origin
 
-    for f in FIELDS.values():
-        _check(f, getattr(s, f.name), src(f.name))
+    check_fields(s, src)
     chw = s.image_shape.split(",")
     if len(chw) != 3 or not all(v.isdigit() and int(v) > 0 for v in chw) or int(chw[0]) not in (3, 4):
         raise SettingsError(f"{src('image_shape')}={s.image_shape!r}: expected C,H,W with C 3 or 4")

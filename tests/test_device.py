@@ -149,7 +149,8 @@ def test_a_checkpoint_is_saved_from_the_host_and_resumes_on_the_rank_s_device(sm
     from rn50_mx import checkpoint
 
     s = small_settings(small_rec, checkpoint_dir=str(tmp_path / "ckpt"))
-    batches = [b for b, _ in zip(data.make_iters(s, 0, 1, 3, RUN_CONTEXT)[0], range(2))]
+    train_it, val_it = data.make_iters(s, 0, 1, 3, RUN_CONTEXT)[:2]
+    batches = [b for b, _ in zip(train_it, range(2))]
     saved, save = [], mx.nd.save
     monkeypatch.setattr(mx.nd, "save", lambda fname, arrays: (saved.extend(arrays.values()), save(fname, arrays))[1])
     runs = []
@@ -157,7 +158,7 @@ def test_a_checkpoint_is_saved_from_the_host_and_resumes_on_the_rank_s_device(sm
         net, loss_fn, trainer = trained_parts(s, RUN_CONTEXT)
         train.warm_up(net, loss_fn, trainer, s, RUN_CONTEXT)
         folder = checkpoint.Checkpoints(s, dist.Single())
-        folder.attach(net, trainer, {}, 2, 3)
+        folder.attach(net, trainer, {"train": train_it, "val": val_it}, 2, 3)  # as a run's checkpoint holds them
         if resumed:
             assert folder.restore() == checkpoint.Position(step=1)
         else:
