@@ -17,6 +17,7 @@ from rn50_mx import data, dist, train
 from rn50_mx.config import Settings
 from tests.support import devices
 from tests.support.devices import RUN_CONTEXT
+from tests.support.settings import small_settings
 
 
 @pytest.fixture
@@ -32,11 +33,10 @@ def test_strict_contexts_refuse_a_mix(strict_contexts):
     mx.nd.concat(mx.nd.ones(1, ctx=RUN_CONTEXT), mx.nd.ones(1, ctx=RUN_CONTEXT), dim=0).wait_to_read()
 
 
-def small_settings(rec_prefix, **changes):
-    """config/CPU.sh shrunk to the 21-image test .rec: 3 classes at 32x32, batch 8."""
-    return Settings(data_train=rec_prefix + ".rec", data_val=rec_prefix + ".rec", num_classes=3,
-                    image_shape="3,32,32", batch_size=8, num_epochs=2, warmup_epochs=1, dali_threads=1, seed=3,
-                    **changes)
+def run_settings(rec_prefix, **changes):
+    """small_settings with a val set, batch 8 and a 2-epoch schedule: a run's parts."""
+    return small_settings(rec_prefix, **{"data_val": rec_prefix + ".rec", "batch_size": 8, "num_epochs": 2,
+                                         "warmup_epochs": 1, "seed": 3, **changes})
 
 
 def trained_parts(s, ctx):
@@ -48,7 +48,7 @@ def trained_parts(s, ctx):
 @pytest.mark.slow
 def test_step_warm_up_and_eval_make_every_array_on_the_run_context(small_rec, strict_contexts):
     """Fails on the old train.evaluate, whose mx.nd.full(1, valid) lived on cpu(0)."""
-    s = small_settings(small_rec)
+    s = run_settings(small_rec)
     net, loss_fn, trainer = trained_parts(s, RUN_CONTEXT)
     train_it, val_it = data.make_iters(s, 0, 1, 3, RUN_CONTEXT)
     train.warm_up(net, loss_fn, trainer, s, RUN_CONTEXT)
@@ -67,7 +67,7 @@ def test_warm_up_leaves_no_trace_on_the_run(small_rec):
     """After the warm-up the weights, BatchNorm statistics, update count and optimizer states are as before (the
     old warm-up's training forward moved the running statistics), the states are already allocated, and two
     real steps then give the same weights as two steps without a warm-up."""
-    s = small_settings(small_rec)
+    s = run_settings(small_rec)
     ctx = mx.cpu()
     batches = [b for b, _ in zip(data.make_iters(s, 0, 1, 3, ctx)[0], range(2))]
     runs = {}
@@ -95,7 +95,7 @@ def test_warm_up_ends_with_the_training_graph(small_rec):
     cached_op.cc StaticForward): the warm-up's last forward must be a training one, for the network and the loss
     (hybridized with it), or the first timed step pays the re-initialisation (and on the GPU re-captures its
     CUDA graphs at step 2)."""
-    s = small_settings(small_rec)
+    s = run_settings(small_rec)
     net, loss_fn, trainer = trained_parts(s, mx.cpu())
     recording = {"net": [], "loss": []}
     net.register_forward_hook(lambda *_: recording["net"].append(mx.autograd.is_recording()))
@@ -148,7 +148,7 @@ def test_a_checkpoint_is_saved_from_the_host_and_resumes_on_the_rank_s_device(sm
     illegal memory access on 8 GPUs); the resumed step is bit-identical to the uninterrupted one."""
     from rn50_mx import checkpoint
 
-    s = small_settings(small_rec, checkpoint_dir=str(tmp_path / "ckpt"))
+    s = run_settings(small_rec, checkpoint_dir=str(tmp_path / "ckpt"))
     train_it, val_it = data.make_iters(s, 0, 1, 3, RUN_CONTEXT)[:2]
     batches = [b for b, _ in zip(train_it, range(2))]
     saved, save = [], mx.nd.save

@@ -3,13 +3,8 @@ import mxnet as mx
 import pytest
 
 from rn50_mx import measure
-from rn50_mx.config import Settings
 from rn50_mx.errors import InputError
-
-
-def small_settings(prefix, **changes):
-    return Settings(data_train=prefix + ".rec", num_classes=3, image_shape="3,32,32", batch_size=4,
-                    dali_threads=1, seed=1, **changes)
+from tests.support.settings import small_settings
 
 
 def test_synthetic_vs_real_times_both_sources(small_rec):

@@ -1,4 +1,6 @@
-"""Launcher settings shared by the launch, trial and Slurm tests and bench/slurm.py."""
+"""Settings shared by the tests: the launchers' tiny variables (launch, trial and Slurm tests, bench/slurm.py) and the
+small settings object of the unit tests."""
+from rn50_mx.config import Settings
 from tests.support.data import TINY_CLASSES
 
 # config/CPU.sh shrunk to a few seconds per trial; the threshold is reached at the first eval.
@@ -6,3 +8,9 @@ TINY = {"NUM_CLASSES": str(len(TINY_CLASSES)), "BATCHSIZE": "4", "NUMEPOCHS": "1
         "ACCURACY_THRESHOLD": "0.0"}
 # The same without dropping the page cache before each trial (the probes and trial tests run many).
 TINY_KEEP_CACHES = {**TINY, "CLEAR_CACHES": "0"}
+
+
+def small_settings(rec_prefix, **changes):
+    """config/CPU.sh shrunk to conftest's 21-image small_rec: 3 classes at 32x32, batch 4, one DALI thread."""
+    return Settings(**{"data_train": rec_prefix + ".rec", "num_classes": 3, "image_shape": "3,32,32", "batch_size": 4,
+                       "dali_threads": 1, "seed": 1, **changes})
