@@ -10,12 +10,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
 
 from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, bash, wait_for
 from rn50_mx import files
+from rn50_mx.errors import InputError
 
 TINY = dict(NUM_CLASSES="3", BATCHSIZE="4", NUMEXAMPLES="24", NUMEPOCHS="3", WARMUP_EPOCHS="1", LR="0.5",
             EVAL_PERIOD="2", EVAL_OFFSET="1", MIN_RANDOM_AREA="0.3", DALI_THREADS="1", ACCURACY_THRESHOLD="0.3",
@@ -227,6 +229,23 @@ def test_fragments_0_sources_none(tmp_path, value, says):
         assert result.stdout.splitlines() == [says, "EVAL_OFFSET=1"], result.stderr
     else:
         assert_one_line_naming(result, says)
+
+
+def test_a_slurm_controller_gone_for_long_is_one_line(tmp_path, monkeypatch):
+    """squeue failing (the controller unreachable: a restart) counts as the job still running for SQUEUE_PATIENCE,
+    then is one line: the driver polled such a job forever."""
+    from rn50_mx.search import launchers
+
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    (folder / "squeue").write_text("#!/bin/sh\necho 'squeue: error: Unable to contact slurm controller' >&2\nexit 1\n")
+    (folder / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(launchers, "SQUEUE_PATIENCE", 0.5)
+    assert launchers.job_done(7) is False
+    time.sleep(0.6)
+    with pytest.raises(InputError, match=r"^squeue: squeue: error: Unable to contact slurm controller \(job 7, "):
+        launchers.job_done(7)
 
 
 def test_the_plan_needs_no_data(tmp_path):

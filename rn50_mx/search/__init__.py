@@ -144,6 +144,9 @@ def search(s, args, knobs):
             print(f"search: stopped; every trial's processes ended; the same command continues study "
                   f"{args.study!r}", flush=True)
             return 143
+        except InputError:  # e.g. Slurm unreachable for long: the trials are ended before the one line
+            loop.stop_all("driver stopped")
+            raise
         output.picture(os.path.join(args.results, args.study + ".png"), study.get_trials(deepcopy=False),
                        s.accuracy_threshold)
         best = loop.complete()[:args.finalists]

@@ -4,6 +4,7 @@ otherwise) or `slurm` (one run.sub job, submitted with sbatch, ended with scance
 settings as the variables the config exports (every value, FRAGMENTS=0: no config/<SYSTEM>_*.sh fragment may
 change them) and writes its trial log, MLPerf lines included, in the trial's folder. Each started run has a record
 the study keeps, from which a driver started after a killed one ends what is left of it."""
+import contextlib
 import os
 import subprocess
 import sys
@@ -81,19 +82,32 @@ class Job:
         end_job(self.record[1])
 
 
+SQUEUE_PATIENCE = 600.0  # seconds of failing squeue calls (a controller restarting) before the search gives up
+_squeue_failing_since = {}
+
+
 def job_done(job_id):
-    """True once Slurm no longer lists the job (or knows it no more); a failed squeue counts as not done."""
+    """True once Slurm no longer lists the job (or knows it no more). A failed squeue counts as not done for up to
+    SQUEUE_PATIENCE seconds, then is one line (the driver then cancels what it can)."""
     result = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True)
-    if result.returncode:
-        return "Invalid job id" in result.stderr
-    return not result.stdout.strip()
+    if result.returncode and "Invalid job id" not in result.stderr:
+        since = _squeue_failing_since.setdefault(job_id, time.time())
+        if time.time() - since > SQUEUE_PATIENCE:
+            raise InputError(f"squeue: {(result.stderr.strip() or 'failed').splitlines()[-1]} (job {job_id}, "
+                             f"for {SQUEUE_PATIENCE:.0f} s)")
+        return False
+    _squeue_failing_since.pop(job_id, None)
+    return bool(result.returncode) or not result.stdout.strip()
 
 
 def end_job(job_id, timeout=120.0):
-    """scancel, then wait until the job has left the queue (its tasks ended by Slurm)."""
+    """scancel, then wait until the job has left the queue (its tasks ended by Slurm), for `timeout` at most."""
     subprocess.run(["scancel", str(job_id)], capture_output=True)
     deadline = time.time() + timeout
-    while not job_done(job_id) and time.time() < deadline:
+    while time.time() < deadline:
+        with contextlib.suppress(InputError):  # squeue failing for long: nothing more to learn
+            if job_done(job_id):
+                return
         time.sleep(1.0)
 
 
