@@ -49,8 +49,14 @@ class Settings:
                              env="NUMEXAMPLES", low=0, high=2**31 - 1)
     image_shape: str = _opt("3,224,224", "C,H,W of the network input; C=4 adds a zero channel",
                             env="IMAGE_SHAPE")
-    val_resize: int = _opt(256, "val: shorter side before the centre crop (scaled when H is not 224)",
-                           env="VAL_RESIZE", low=1, high=4096)
+    val_resize: int = _opt(256, "val: shorter side before a centre crop of 224 (scaled with the crop side when that "
+                           "is not 224); another value than 256 is an open-division lever", env="VAL_RESIZE", low=1,
+                           high=4096)
+    val_crop: int = _opt(0, "val: centre-crop side, set apart from the training H,W (FixRes: train at a smaller side, "
+                         "evaluate at a larger one); 0 = the training H,W; an open-division lever",
+                         env="RN50_VAL_CROP", low=0, high=MAX_IMAGE_SIDE)
+    eval_flip: bool = _opt(False, "eval: average the softmax of each val image and its horizontal mirror; an "
+                           "open-division lever", env="RN50_EVAL_FLIP")
     min_random_area: float = _opt(0.05, "train crop: smallest area fraction", env="MIN_RANDOM_AREA",
                                   low=0.0, high=1.0)
     max_random_area: float = _opt(1.0, "train crop: largest area fraction", env="MAX_RANDOM_AREA",
@@ -181,6 +187,18 @@ class Settings:
         return tuple(int(v) for v in self.image_shape.split(","))
 
     @property
+    def eval_chw(self):
+        """(C, H, W) of the val images the network is evaluated on: the training C,H,W unless --val-crop."""
+        c, h, w = self.image_chw
+        return (c, self.val_crop, self.val_crop) if self.val_crop else (c, h, w)
+
+    @property
+    def val_resize_side(self):
+        """The shorter side val images are resized to before the centre crop: VAL_RESIZE for a 224 crop, scaled
+        with the crop's height (the reference's 256 -> 224 ratio at any size)."""
+        return round(self.val_resize * self.eval_chw[1] / 224)
+
+    @property
     def epoch_limit(self):
         """The last epoch a run may train, 1-based: NUMEPOCHS, or RN50_MAX_EPOCHS past it."""
         return max(self.num_epochs, self.max_epochs)
@@ -228,6 +246,20 @@ REFERENCE_ONLY_ENV = {
     "INPUT_BATCH_MULTIPLIER": ("1",),  # DALI delivers exactly one batch per step
     "NODALI": ("0",),  # the input pipeline is always DALI
 }
+
+
+# Settings the closed division forbids (MLPerf's closed rules fix the reference's eval preprocessing and optimizer),
+# each with the settings logged along with it; a lever is on when its value is not the default. docs/open-division.md.
+OPEN_LEVERS = {"val_resize": (), "val_crop": (), "eval_flip": ()}
+
+
+def open_levers(s):
+    """{setting: value} of the open-division levers `s` turns on, with their companion settings."""
+    on = {}
+    for name, companions in OPEN_LEVERS.items():
+        if getattr(s, name) != FIELDS[name].default:
+            on.update({n: getattr(s, n) for n in (name, *companions)})
+    return on
 
 
 def flag_name(name):
@@ -307,6 +339,13 @@ def validate(s, origins=None):
                             f"{src('num_epochs')}={s.num_epochs}")
     if s.input_layout == "NHWC" and s.device == "cpu":
         raise SettingsError(f"{src('input_layout')}=NHWC: MXNet's CPU convolutions need NCHW; NHWC is the GPU layout")
+    levers = [name for name in OPEN_LEVERS if name in open_levers(s)]
+    if levers and s.submission_division != "open":
+        raise SettingsError(f"{src(levers[0])}={getattr(s, levers[0])}: an open-division lever; the run must be "
+                            "logged as open: SUBMISSION_DIVISION=open (--submission-division open)")
+    if 0 < s.val_crop < 32:
+        raise SettingsError(f"{src('val_crop')}={s.val_crop}: must be 0 or 32 to {MAX_IMAGE_SIDE} (ResNet-50 halves "
+                            "the side 5 times)")
     if origins.get("omp_num_threads") == "flag":
         raise SettingsError("--omp-num-threads: MXNet reads OMP_NUM_THREADS when it loads, before any flag is "
                             "parsed: set the variable instead")

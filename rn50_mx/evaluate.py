@@ -14,7 +14,7 @@ import sys
 
 from . import checkpoint, config, data, dist
 from .errors import InputError, run_cli
-from .train import accuracy, network
+from .train import accuracy, flip_axis, network
 
 USAGE = "usage: python -m rn50_mx.evaluate (--model PATH | --checkpoint-dir DIR) --data-val VAL.rec [rn50_mx.train flags]"
 
@@ -69,7 +69,7 @@ def main():
     with ctx:
         net = checkpoint.load_model(path, s, ctx) if path else from_checkpoint(s, s.checkpoint_dir, ctx)
         val_it = data.dali_iter(s, False, d.rank, d.size, 0, ctx).open()  # val reads in order: the seed draws nothing
-        top1, top5, n = accuracy(net, val_it, d)
+        top1, top5, n = accuracy(net, val_it, d, flip_axis(s))
     if d.rank == 0:
         print(f"top-1 {top1!r}, top-5 {top5!r} ({n} images)", flush=True)
     return 0

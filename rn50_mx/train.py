@@ -62,17 +62,34 @@ def train_epoch(net, loss_fn, trainer, train_it, pos, s, stops):
     return (images - resumed) / seconds, train_it.wait_seconds / seconds, mean_loss
 
 
-def evaluate(net, val_it, d, epoch):
+def evaluate(net, val_it, d, epoch, s):
     """The eval after epoch `epoch` (0-based), logged as MLPerf asks; returns (top-1, top-5, images)."""
     log.start(K.EVAL_START, metadata={K.EPOCH_NUM: epoch + 1})
-    top1, top5, images = accuracy(net, val_it, d)
+    top1, top5, images = accuracy(net, val_it, d, flip_axis(s))
     log.end(K.EVAL_STOP, metadata={K.EPOCH_NUM: epoch + 1})
     log.event(K.EVAL_ACCURACY, float(top1), metadata={K.EPOCH_NUM: epoch + 1})
     return top1, top5, images
 
 
-def accuracy(net, val_it, d):
-    """Top-1 and top-5 over every val image exactly once across all ranks (padded samples are not counted).
+def flip_axis(s):
+    """The width axis of a batch in the layout in use when --eval-flip averages each image with its mirror, else
+    None."""
+    return s.input_layout.index("W") if s.eval_flip else None
+
+
+def scores(net, x, flip):
+    """The network's class scores for a val batch: its logits, or with `flip` (an axis) the sum of the softmax of
+    the batch and of its mirror along that axis (the mean's ranking, one division saved)."""
+    out = net(x)
+    if flip is None:
+        return out
+    probs = mx.nd.softmax(out.astype("float32"))  # read before the mirror's forward reuses the network's memory
+    return probs + mx.nd.softmax(net(mx.nd.flip(x, axis=flip)).astype("float32"))
+
+
+def accuracy(net, val_it, d, flip=None):
+    """Top-1 and top-5 over every val image exactly once across all ranks (padded samples are not counted); `flip`
+    (flip_axis) averages each image with its mirror.
 
     The correct counts stay on the device until the end of the eval; the image count is a host integer."""
     val_it.reset()
@@ -81,7 +98,7 @@ def accuracy(net, val_it, d):
         valid = batch.data[0].shape[0] - batch.pad
         if valid == 0:  # a rank whose shard is shorter than the padded one can get a batch of repeats only
             continue
-        out = net(batch.data[0])
+        out = scores(net, batch.data[0], flip)
         top5 = mx.nd.topk(out, k=min(5, out.shape[1])).astype("float32")[:valid]
         label = batch.label[0][:valid].reshape((-1, 1))
         correct += mx.nd.concat((top5[:, :1] == label).sum(), (top5 == label).sum(), dim=0)
@@ -119,7 +136,7 @@ def fit(s, d, net, loss_fn, trainer, train_it, val_it, pos, saver):
         line = f"epoch {epoch + 1}: {speed * d.size:.1f} img/s, data wait {wait:.1%}, loss {loss:.4f}"
         if epoch in evals and val_it is not None:
             one_model(net, d)
-            top1, top5, n = evaluate(net, val_it, d, epoch)
+            top1, top5, n = evaluate(net, val_it, d, epoch, s)
             line += f", top-1 {top1:.4f}, top-5 {top5:.4f} ({n} images)"
             log.end(K.BLOCK_STOP, metadata={K.FIRST_EPOCH_NUM: pos.first + 1})
             pos.first = epoch + 1
@@ -172,7 +189,7 @@ def rank_seed(s, d):
 def warm_up(net, loss_fn, trainer, s, ctx):
     """Do every first-time cost before the clock starts, then undo its effects on the model.
 
-    Two eval forwards, then two training steps on zeros (the first builds and allocates the static graphs, tunes
+    Two eval forwards at the val images' shape (--val-crop), then two training steps on zeros (the first builds and allocates the static graphs, tunes
     cuDNN and creates the optimizer states; MXNet's CUDA graphs capture a segment on its second run), with their
     gradient allreduce and update. Training comes last: a block hybridized with static_alloc keeps one state per
     device and re-allocates and re-initialises it whenever the `recording` flag differs from its last run (MXNet
@@ -184,8 +201,9 @@ def warm_up(net, loss_fn, trainer, s, ctx):
     saved = [p.data().copy() for p in params]
     x = mx.nd.zeros(data.batch_shape(s), ctx=ctx, dtype=s.dtype)
     zeros = mx.io.DataBatch(data=[x], label=[mx.nd.zeros((s.batch_size,), ctx=ctx)])
+    val_x = mx.nd.zeros(data.batch_shape(s, train=False), ctx=ctx, dtype=s.dtype)
     for _ in range(2):
-        net(x).wait_to_read()  # read before the training graph reuses the static memory
+        scores(net, val_x, flip_axis(s)).wait_to_read()  # read before the training graph reuses the static memory
     for _ in range(2):
         train_step(net, loss_fn, trainer, zeros)
         mx.nd.waitall()

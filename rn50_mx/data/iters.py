@@ -22,14 +22,16 @@ def input_memory(s, val=True):
     """Device bytes the input holds at most per process: per iterator (train, and val unless val=False), DALI's
     prefetch queue of batches plus the RING MXNet buffers the GPU hand-over copies into (the val ones stay
     between evals). Images at s.dtype; labels are 4 bytes a sample."""
-    c, h, w = s.image_chw
-    batch = s.batch_size * (c * h * w * np.dtype(s.dtype).itemsize + 4)
-    return (2 if val else 1) * (s.dali_prefetch_queue + RING) * batch
+    def batch(chw):
+        return s.batch_size * (int(np.prod(chw)) * np.dtype(s.dtype).itemsize + 4)
+
+    return (s.dali_prefetch_queue + RING) * (batch(s.image_chw) + (batch(s.eval_chw) if val else 0))
 
 
-def batch_shape(s):
-    """(batch, C, H, W) or (batch, H, W, C), as settings.input_layout says."""
-    c, h, w = s.image_chw
+def batch_shape(s, train=True):
+    """(batch, C, H, W) or (batch, H, W, C), as settings.input_layout says: of the training images, or with
+    train=False of the val images (--val-crop)."""
+    c, h, w = s.image_chw if train else s.eval_chw
     return (s.batch_size, c, h, w) if s.input_layout == "NCHW" else (s.batch_size, h, w, c)
 
 
@@ -57,9 +59,9 @@ class Handover:
     readers of a buffer, which is the engine's time, not the input's.
     """
 
-    def __init__(self, s, ctx, copy):
+    def __init__(self, s, ctx, copy, train=True):
         self.ctx, self.copy, self.wait_seconds, self.engine_seconds = ctx, copy, 0.0, 0.0
-        shapes = ((batch_shape(s), s.dtype), ((s.batch_size,), "float32"))
+        shapes = ((batch_shape(s, train), s.dtype), ((s.batch_size,), "float32"))
         self.ring = [[mx.nd.zeros(shape, ctx=ctx, dtype=dtype) for shape, dtype in shapes]
                      for _ in range(RING if copy else 0)]
         self.count = 0
@@ -119,10 +121,10 @@ class BatchIter(mx.io.DataIter):
     wait_seconds: time spent waiting for data since the last reset() (subclasses count it).
     """
 
-    def __init__(self, s, pads, num_samples, ctx):
+    def __init__(self, s, pads, num_samples, ctx, train=True):
         super().__init__(s.batch_size)
         self.pads, self.num_samples, self.context = pads, num_samples, ctx
-        self.provide_data = [mx.io.DataDesc("data", batch_shape(s), np.dtype(s.dtype), s.input_layout)]
+        self.provide_data = [mx.io.DataDesc("data", batch_shape(s, train), np.dtype(s.dtype), s.input_layout)]
         self.provide_label = [mx.io.DataDesc("softmax_label", (s.batch_size,), np.float32, "N")]
         self.position, self.wait_seconds = 0, 0.0
 
@@ -168,11 +170,11 @@ class DaliIter(BatchIter):
     """
 
     def __init__(self, s, build, pipe, ctx, rec, idx, train, rank, world):
-        super().__init__(s, None, None, ctx)
+        super().__init__(s, None, None, ctx, train)
         self.build, self.pipe, self.rec, self.idx, self.skip = build, pipe, rec, idx, train and s.skip_bad_records
         self.num_classes, self.index, self.skipped, self.epochs, self.scratch = s.num_classes, idx, [], 0, None
         self.settings, self.train, self.rank, self.world = s, train, rank, world
-        self.handover = Handover(s, ctx, copy=ctx.device_type == "gpu")
+        self.handover = Handover(s, ctx, copy=ctx.device_type == "gpu", train=train)
         self.built_epochs = 0  # the `epochs` argument the pipeline in use was built with
 
     def open(self):

@@ -38,7 +38,7 @@ def graph(s, rec, idx, train, shard, world, gpu):
     gpu: decode with nvJPEG ("mixed"), which leaves the images on the GPU for resize and normalize; DALI copies
     the labels to the GPU too, on its stream, within the batch it prefetches.
     """
-    c, h, w = s.image_chw
+    c, h, w = s.image_chw if train else s.eval_chw
     cache = train and s.dali_cache_size > 0  # common/dali.py: the cache sits on the plain decoder, readers skip hits
     crop_area = dict(random_area=[s.min_random_area, s.max_random_area],
                      random_aspect_ratio=[s.min_random_aspect_ratio, s.max_random_aspect_ratio],
@@ -65,7 +65,7 @@ def graph(s, rec, idx, train, shard, world, gpu):
         if train:
             images = fn.random_resized_crop(images, size=[h, w], **crop_area, **buffers)
         else:
-            images = fn.resize(images, resize_shorter=round(s.val_resize * h / 224), **buffers)
+            images = fn.resize(images, resize_shorter=s.val_resize_side, **buffers)
     mirror = fn.random.coin_flip(probability=0.5) if train else False
     images = fn.crop_mirror_normalize(
         images, mirror=mirror, crop=[h, w], mean=list(MEAN), std=list(STD), pad_output=c == 4,
