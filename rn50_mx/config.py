@@ -142,6 +142,12 @@ class Settings:
                                            "at most 60)", env="MXNET_OPTIMIZER_AGGREGATION_SIZE", low=1, high=60)
     label_smoothing: float = _opt(0.1, "label smoothing of the loss", env="LABELSMOOTHING", low=0.0, high=0.999)
 
+    ema_decay: float = _opt(0.0, "weight EMA: every eval (and --save-model) uses an exponential moving average of "
+                            "the weights and BatchNorm statistics with this decay per update; 0 = off; an "
+                            "open-division lever", env="RN50_EMA_DECAY", low=0.0, high=1.0)
+    ema_every: int = _opt(1, "weight EMA: average the weights in every N steps (the decay applies per update)",
+                          env="RN50_EMA_EVERY", low=1, high=1_000_000)
+
     # --- evaluation and stop (mlperf_fit in common/fit.py) ------------------------------------------------------------
     eval_period: int = _opt(4, "evaluate every N epochs", env="EVAL_PERIOD", low=1, high=100)
     eval_offset: int = _opt(2, "first eval after epoch offset+1 (0-based offset)", env="EVAL_OFFSET", low=0, high=99)
@@ -250,7 +256,7 @@ REFERENCE_ONLY_ENV = {
 
 # Settings the closed division forbids (MLPerf's closed rules fix the reference's eval preprocessing and optimizer),
 # each with the settings logged along with it; a lever is on when its value is not the default. docs/open-division.md.
-OPEN_LEVERS = {"val_resize": (), "val_crop": (), "eval_flip": ()}
+OPEN_LEVERS = {"val_resize": (), "val_crop": (), "eval_flip": (), "ema_decay": ("ema_every",)}
 
 
 def open_levers(s):
@@ -343,6 +349,8 @@ def validate(s, origins=None):
     if levers and s.submission_division != "open":
         raise SettingsError(f"{src(levers[0])}={getattr(s, levers[0])}: an open-division lever; the run must be "
                             "logged as open: SUBMISSION_DIVISION=open (--submission-division open)")
+    if s.ema_decay >= 1:
+        raise SettingsError(f"{src('ema_decay')}={s.ema_decay}: must be below 1 (1 would never move the average)")
     if 0 < s.val_crop < 32:
         raise SettingsError(f"{src('val_crop')}={s.val_crop}: must be 0 or 32 to {MAX_IMAGE_SIDE} (ResNet-50 halves "
                             "the side 5 times)")

@@ -22,7 +22,7 @@ import mxnet as mx
 import numpy as np
 from mlperf_logging.mllog import constants as K
 
-from . import checkpoint, config, data, dist, model, optim
+from . import checkpoint, config, data, dist, ema, model, optim
 from . import mlperf_log as log
 from .errors import InputError, run_cli
 
@@ -37,9 +37,10 @@ def train_step(net, loss_fn, trainer, batch):
     return loss.sum()
 
 
-def train_epoch(net, loss_fn, trainer, train_it, pos, s, stops):
-    """The local shard's pass of epoch `pos.epoch` from step `pos.step` (0, or where a resumed run stopped); returns
-    (images/s, data-wait share, mean loss), or None when the ranks agreed to stop (`pos` says where)."""
+def train_epoch(net, loss_fn, trainer, train_it, pos, s, stops, average):
+    """The local shard's pass of epoch `pos.epoch` from step `pos.step` (0, or where a resumed run stopped), the
+    weight EMA `average` following the steps; returns (images/s, data-wait share, mean loss), or None when the ranks
+    agreed to stop (`pos` says where)."""
     epoch, steps = pos.epoch, train_it.steps_per_epoch
     if pos.step == 0:
         log.start(K.EPOCH_START, metadata={K.EPOCH_NUM: epoch + 1})
@@ -50,6 +51,7 @@ def train_epoch(net, loss_fn, trainer, train_it, pos, s, stops):
         loss_sum += train_step(net, loss_fn, trainer, batch)
         images += batch.data[0].shape[0]
         pos.step = train_it.position
+        average.update(epoch * steps + pos.step)
         if pos.step % s.disp_batches == 0 and log.is_rank0():
             loss_sum.wait_to_read()  # the engine runs behind Python: wait for it, or the speed is fiction
             progress(epoch, pos.step, steps, (images - resumed) / (time.time() - tic), trainer.learning_rate)
@@ -62,10 +64,10 @@ def train_epoch(net, loss_fn, trainer, train_it, pos, s, stops):
     return (images - resumed) / seconds, train_it.wait_seconds / seconds, mean_loss
 
 
-def evaluate(net, val_it, d, epoch, s):
+def evaluate(net, val_it, d, epoch, flip=None):
     """The eval after epoch `epoch` (0-based), logged as MLPerf asks; returns (top-1, top-5, images)."""
     log.start(K.EVAL_START, metadata={K.EPOCH_NUM: epoch + 1})
-    top1, top5, images = accuracy(net, val_it, d, flip_axis(s))
+    top1, top5, images = accuracy(net, val_it, d, flip)
     log.end(K.EVAL_STOP, metadata={K.EPOCH_NUM: epoch + 1})
     log.event(K.EVAL_ACCURACY, float(top1), metadata={K.EPOCH_NUM: epoch + 1})
     return top1, top5, images
@@ -116,8 +118,9 @@ def eval_epochs(s):
     return sorted(scheduled | ({s.epoch_limit - 1} if s.eval_last_epoch else set()))
 
 
-def fit(s, d, net, loss_fn, trainer, train_it, val_it, pos, saver):
-    """Epochs in blocks that end with an eval, from `pos` (a resumed run's Position, or a new one); returns the
+def fit(s, d, net, loss_fn, trainer, train_it, val_it, pos, saver, average=ema.Off()):
+    """Epochs in blocks that end with an eval (of the weight EMA `average` when on), from `pos` (a resumed run's
+    Position, or a new one); returns the
     run_stop status, or checkpoint.RESUMABLE after a stop the ranks agreed on. Training stops after the last eval:
     epochs no eval would judge cannot change the outcome (the reference trained them, then aborted)."""
     evals = eval_epochs(s)
@@ -128,15 +131,16 @@ def fit(s, d, net, loss_fn, trainer, train_it, val_it, pos, saver):
         if epoch == pos.first and pos.step == 0:
             count = next(e for e in evals if e >= pos.first) - pos.first + 1 if evals else s.epoch_limit
             log.start(K.BLOCK_START, metadata={K.FIRST_EPOCH_NUM: pos.first + 1, K.EPOCH_COUNT: count})
-        result = train_epoch(net, loss_fn, trainer, train_it, pos, s, stops)
+        result = train_epoch(net, loss_fn, trainer, train_it, pos, s, stops, average)
         if result is None:
             return stop_resumable(d, saver, pos)
         speed, wait, loss = result
         log.event("throughput", speed * d.size, metadata={K.EPOCH_NUM: epoch + 1})
         line = f"epoch {epoch + 1}: {speed * d.size:.1f} img/s, data wait {wait:.1%}, loss {loss:.4f}"
         if epoch in evals and val_it is not None:
-            one_model(net, d)
-            top1, top5, n = evaluate(net, val_it, d, epoch, s)
+            with average.swapped_in():  # the EMA's weights and statistics, when on
+                one_model(net, d)
+                top1, top5, n = evaluate(net, val_it, d, epoch, flip_axis(s))
             line += f", top-1 {top1:.4f}, top-5 {top5:.4f} ({n} images)"
             log.end(K.BLOCK_STOP, metadata={K.FIRST_EPOCH_NUM: pos.first + 1})
             pos.first = epoch + 1
@@ -269,6 +273,7 @@ def train_on(s, d, ctx, base_seed, seed, saver):
     d.broadcast_params(net.collect_params())
     iters = data.build_iters(s, d.rank, d.size, seed, ctx)  # set-up: the pipelines, their readers not yet opened
     warm_up(net, loss_fn, trainer, s, ctx)
+    average = ema.make(net, trainer, s)  # after the warm-up: its first update made the master copies
     log.hyperparameters(s)
     log.end(K.INIT_STOP)
     d.barrier()
@@ -278,9 +283,9 @@ def train_on(s, d, ctx, base_seed, seed, saver):
     log.event(K.TRAIN_SAMPLES, train_it.num_samples)
     log.event(K.EVAL_SAMPLES, val_it.num_samples if val_it else 0)
     if saver:
-        saver.attach(net, trainer, {"train": train_it, "val": val_it}, steps, base_seed)
+        saver.attach(net, trainer, {"train": train_it, "val": val_it}, steps, base_seed, average)
     pos = saver.restore() if saver else checkpoint.Position()
-    status = fit(s, d, net, loss_fn, trainer, train_it, val_it, pos, saver)
+    status = fit(s, d, net, loss_fn, trainer, train_it, val_it, pos, saver, average)
     if saver:
         checkpoint.default_signals()
     mx.nd.waitall()  # the last update's allreduces: a rank that exits with collectives queued fails its peers'
@@ -290,10 +295,11 @@ def train_on(s, d, ctx, base_seed, seed, saver):
     if saver:
         saver.finish(status)
     if s.save_model:
-        if not (eval_epochs(s) and val_it is not None):  # otherwise the last eval made it one model already
-            one_model(net, d)
-        if d.rank == 0:
-            say(d, "model: " + ", ".join(checkpoint.save_model(net, s.save_model, s)))
+        with average.swapped_in():  # the weights the evals judged
+            if not (eval_epochs(s) and val_it is not None) or average.state() is not None:
+                one_model(net, d)  # otherwise the last eval made it one model already (the EMA's is swapped back)
+            if d.rank == 0:
+                say(d, "model: " + ", ".join(checkpoint.save_model(net, s.save_model, s)))
     return status
 
 

@@ -1,14 +1,16 @@
 """The open-division levers (docs/open-division.md): eval resolution and flip averaging, weight EMA, and their
 honest record (refused in the closed division, logged, scored as open). Tiny: the three_classes set at 32x32."""
 import os
+import signal
 
 import mxnet as mx
 import numpy as np
 import pytest
 
-from rn50_mx import config, data, dist, model, train
+from rn50_mx import checkpoint, config, data, dist, ema, model, train
 from rn50_mx.config import Settings
-from tests.support.procs import assert_one_line_naming, run_train
+from tests import test_checkpoint as ckpt
+from tests.support.procs import assert_one_line_naming, run_train, wait_for
 
 OPEN = dict(num_classes=3, image_shape="3,32,32", batch_size=4, dali_threads=1, min_random_area=1.0, seed=3,
             submission_division="open")
@@ -106,3 +108,113 @@ def test_a_lever_in_the_closed_division_is_refused(env, name):
 
 def test_train_refuses_a_closed_lever_in_one_line():
     assert_one_line_naming(run_train(["--eval-flip", "1"]), "--eval-flip")
+
+
+# --- weight EMA ---------------------------------------------------------------------------------------------
+
+def host(params):
+    return {p.name: p.data().asnumpy().astype(np.float64) for p in params}
+
+
+def test_the_ema_after_n_steps_is_the_average_of_the_weights_every_k_steps(three_classes):
+    """Decay 0.7 every 2 steps over 5 steps (updates after steps 2 and 4): each average, BatchNorm statistics
+    included, equals decay * average + (1 - decay) * weights in NumPy, from the weights after each step."""
+    s = open_settings(three_classes, ema_decay=0.7, ema_every=2)
+    ctx = mx.cpu()
+    train_it, _ = data.make_iters(s, 0, 1, 1, ctx)
+    net, loss_fn, trainer = train.parts(s, ctx, train_it.steps_per_epoch, mx.gluon.Trainer)
+    train.warm_up(net, loss_fn, trainer, s, ctx)
+    average = ema.make(net, trainer, s)
+    params = list(net.collect_params().values())
+    expected = host(params)
+    train_it.reset()
+    for step in range(1, 6):
+        train.train_step(net, loss_fn, trainer, train_it.next())
+        average.update(step)
+        mx.nd.waitall()  # BatchNorm's statistics, written in backward: read after it
+        if step % 2 == 0:
+            expected = {k: 0.7 * v + 0.3 * w for (k, v), w in zip(expected.items(), host(params).values())}
+    got = {k: a.asnumpy() for k, a in average.state().items()}
+    assert len(got) == 267 and all(a.dtype == np.float32 for a in got.values())
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], rtol=2e-6, atol=1e-7, err_msg=name)
+    moved = [n for n in expected if "running" in n and not np.allclose(expected[n], host(params)[n])]
+    assert moved  # the statistics changed after step 4: the average lags them
+
+
+def test_the_ema_follows_the_fp32_master_copy_of_a_float16_weight():
+    """Under multi_precision the optimizer's state holds the float32 master; the average follows it, not the
+    float16 weight, whose rounding would swallow small updates (the GPU path's class of bug, on the CPU)."""
+    net = mx.gluon.nn.Dense(2, in_units=3, prefix="fc_")
+    net.initialize(mx.init.Constant(1.0))
+    net.cast("float16")
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 1e-4, "multi_precision": True})
+    def step():  # a gradient of 1 everywhere, through a backward (float16 Dense does not run on the CPU)
+        with mx.autograd.record():
+            total = mx.nd.add_n(*[p.data().astype("float32").sum() for p in net.collect_params().values()])
+        total.backward()
+        trainer.step(1)
+
+    step()  # creates the (momentum, master) states: w = 1 - 1e-4, which float16 rounds back to 1
+    average = ema.EMA(net, trainer, 0.5, 1)
+    weight = net.collect_params()["fc_weight"]
+    assert weight.data().asnumpy()[0, 0] == 1.0
+    np.testing.assert_allclose(average.state()["fc_weight"].asnumpy(), 1 - 1e-4, rtol=1e-6)
+    step()
+    average.update(1)
+    np.testing.assert_allclose(average.state()["fc_weight"].asnumpy(), 0.5 * (1 - 1e-4) + 0.5 * (1 - 2e-4),
+                               rtol=1e-6)
+
+
+def test_an_eval_swaps_the_average_in_and_the_weights_back_exactly(three_classes):
+    s = open_settings(three_classes, ema_decay=0.5)
+    net = model.build_model(s, mx.cpu())
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+    average = ema.make(net, trainer, s)
+    params = list(net.collect_params().values())
+    for a in average.state().values():
+        a[:] = 0.25
+    before = host(params)
+    with average.swapped_in():
+        assert all((p.data().asnumpy() == 0.25).all() for p in params)
+    after = host(params)
+    assert all(np.array_equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize("env,name", [
+    ({"RN50_EMA_DECAY": "1"}, "RN50_EMA_DECAY"),
+    ({"RN50_EMA_DECAY": "-0.1"}, "RN50_EMA_DECAY"),
+    ({"RN50_EMA_DECAY": "nan"}, "RN50_EMA_DECAY"),
+    ({"RN50_EMA_DECAY": "0.9", "RN50_EMA_EVERY": "0"}, "RN50_EMA_EVERY"),
+    ({"RN50_EMA_DECAY": "0.9", "RN50_EMA_EVERY": "two"}, "RN50_EMA_EVERY"),
+])
+def test_bad_ema_values_are_one_line(env, name):
+    with pytest.raises(config.SettingsError, match=name):
+        config.load([], dict(env, SUBMISSION_DIVISION="open"))
+
+
+def test_the_ema_is_an_open_lever_and_its_period_goes_with_it():
+    with pytest.raises(config.SettingsError, match="^RN50_EMA_DECAY=0.9: an open-division lever"):
+        config.load([], {"RN50_EMA_DECAY": "0.9"})
+    s = config.load([], {"RN50_EMA_DECAY": "0.9", "RN50_EMA_EVERY": "4", "SUBMISSION_DIVISION": "open"})
+    assert config.open_levers(s) == {"ema_decay": 0.9, "ema_every": 4}
+
+
+@pytest.mark.slow
+def test_a_run_with_ema_stopped_mid_epoch_resumes_exactly(three_classes, tmp_path):
+    """SIGTERM in epoch 1 of a run with the EMA (every 2 steps, so the stop at step 8 falls between updates): the
+    resumed run's evals (of the EMA) and its saved model (the EMA) equal the uninterrupted run's bit for bit."""
+    recs = os.path.join(three_classes, "train.rec"), os.path.join(three_classes, "val.rec")
+    lever = dict(ema_decay=0.6, ema_every=3, submission_division="open")
+    reference = ckpt.run(recs, 1, tmp_path / "whole.txt", save_model=tmp_path / "whole", **lever)
+    folder, out = str(tmp_path / "ckpt"), tmp_path / "stopped.txt"
+    proc = ckpt.start(recs, 1, out, checkpoint_dir=folder, **lever)
+    wait_for(proc, out, rf"epoch 1 step 1/{ckpt.STEPS}")
+    proc.send_signal(signal.SIGTERM)
+    ckpt.finish(proc, out, code=checkpoint.RESUMABLE_EXIT)
+    assert os.path.exists(os.path.join(folder, f"step-{ckpt.STEPS + 2}", "rank0.ema"))
+    text = ckpt.run(recs, 1, tmp_path / "resumed.txt", checkpoint_dir=folder, save_model=tmp_path / "resumed",
+                    **lever)
+    ckpt.assert_same_params(str(tmp_path / "resumed"), str(tmp_path / "whole"))
+    ours, theirs = ckpt.epoch_lines(text), ckpt.epoch_lines(reference)
+    assert ours[2] == theirs[2] and "top-1" in ours[2]

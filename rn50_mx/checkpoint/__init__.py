@@ -9,6 +9,7 @@ A checkpoint is a folder DIR/step-N, N the train steps done:
   trainer              rank 0's optimizer states (momentum, fp32 master weights) as arrays (mx.nd.save), and
   trainer.json         the update counts the schedule follows: no pickle, so a folder runs no code (trainer_file.py)
   rank<R>.aux          rank R's BatchNorm running statistics (each rank's own: BatchNorm is over the local batch)
+  rank<R>.ema          with --ema-decay: rank R's weight EMA (the weights' and its own BatchNorm statistics' averages)
   rank<R>.json         rank R's iterator positions and skipped records, Python and NumPy RNG states, the epoch's loss
   rank<R>.<split>.dali rank R's DALI pipeline states (Pipeline.checkpoint(): reader position, shuffle buffer and the
                        random operators' generators)

@@ -13,7 +13,7 @@ import sys
 import mxnet as mx
 import numpy as np
 
-from .. import config, dist, files, mlperf_log
+from .. import config, dist, ema, files, mlperf_log
 from ..errors import InputError
 from . import trainer_file
 from .disk import META, first_line, fsync_path, problem, read_meta, summary, write_bytes
@@ -74,9 +74,11 @@ class Checkpoints:
         mark = self.meta and self.meta.get("mllog")
         return (self.resume, mark) if mark else None
 
-    def attach(self, net, trainer, iters, steps_per_epoch, base_seed):
-        """What a checkpoint saves: the model, its trainer, the iterators by split, and the run's numbers."""
-        self.parts = (net, trainer, {k: it for k, it in iters.items() if it is not None}, steps_per_epoch, base_seed)
+    def attach(self, net, trainer, iters, steps_per_epoch, base_seed, average=ema.Off()):
+        """What a checkpoint saves: the model, its trainer, the iterators by split, the run's numbers and its weight
+        EMA (ema.EMA or ema.Off)."""
+        self.parts = (net, trainer, {k: it for k, it in iters.items() if it is not None}, steps_per_epoch, base_seed,
+                      average)
 
     def periodic(self, epoch):
         """Whether --checkpoint-every asks for a checkpoint after 0-based `epoch`."""
@@ -86,13 +88,16 @@ class Checkpoints:
         """The Position of the checkpoint being resumed (a new one without), after putting back every state."""
         if self.resume is None:
             return Position()
-        net, trainer, iters, _, _ = self.parts
+        net, trainer, iters, _, _, average = self.parts
         folder, rank = self.resume, self.d.rank
         params, aux = mx.nd.load(os.path.join(folder, "params")), mx.nd.load(os.path.join(folder, f"rank{rank}.aux"))
         # saved from the host (write_rank_files): loading allocates nothing on a device; set_data copies onto ours
         for name, p in net.collect_params().items():
             p.set_data(aux.get(name, params[name]))
         trainer_file.restore(trainer, folder)
+        if average.state() is not None:
+            saved = os.path.join(folder, f"rank{rank}.ema")
+            average.restore(mx.nd.load(saved), saved)
         with open(os.path.join(folder, f"rank{rank}.json")) as f:
             state = json.load(f)
         for split, it in iters.items():
@@ -108,12 +113,12 @@ class Checkpoints:
     def save(self, pos):
         """Write a checkpoint of `pos` (every rank calls it at the same step); returns its folder. A rank that cannot
         write makes every rank raise the same InputError; the previous checkpoint stays current."""
-        net, trainer, iters, steps, base_seed = self.parts
+        net, trainer, iters, steps, base_seed, average = self.parts
         name = f"step-{pos.epoch * steps + pos.step}"
         tmp, final = os.path.join(self.dir, ".tmp-" + name), os.path.join(self.dir, name)
         mx.nd.waitall()  # the last update's arrays are read below
         failure = self.attempt(lambda: self.d.rank == 0 and fresh_folder(tmp))
-        failure = failure or self.attempt(lambda: self.write_rank_files(tmp, pos, net, trainer, iters))
+        failure = failure or self.attempt(lambda: self.write_rank_files(tmp, pos, net, trainer, iters, average))
         failure = failure or self.attempt(lambda: self.d.rank == 0 and self.commit(tmp, final, pos, base_seed))
         if failure:
             if self.d.rank == 0:
@@ -136,7 +141,7 @@ class Checkpoints:
         failed = self.d.host_sum([bool(error)]).asscalar()
         return (error or "on another rank") if failed else None
 
-    def write_rank_files(self, tmp, pos, net, trainer, iters):
+    def write_rank_files(self, tmp, pos, net, trainer, iters, average):
         """This rank's files. Arrays are saved as host copies: mx.nd.load puts an array back on the device it was
         saved from, so a device array would make every rank's restore allocate (and open a CUDA context) on GPU 0,
         and fail where a task sees one GPU."""
@@ -148,6 +153,9 @@ class Checkpoints:
         aux = {name: p.data().as_in_context(dist.HOST) for name, p in net.collect_params().items()
                if p.grad_req == "null"}
         mx.nd.save(os.path.join(tmp, f"rank{rank}.aux"), aux)
+        if average.state() is not None:  # each rank's own, as its BatchNorm statistics are
+            mx.nd.save(os.path.join(tmp, f"rank{rank}.ema"),
+                       {name: a.as_in_context(dist.HOST) for name, a in average.state().items()})
         states = {}
         for split, it in iters.items():
             states[split], dali = it.state()
@@ -157,7 +165,7 @@ class Checkpoints:
         state = {"position": dataclasses.asdict(pos), "iters": states, "python_random": random.getstate(),
                  "numpy_random": [np_state[0], np_state[1].tolist(), *np_state[2:]]}
         write_bytes(os.path.join(tmp, f"rank{rank}.json"), json.dumps(state).encode())
-        for name in ("params", trainer_file.STATES, trainer_file.COUNTS, f"rank{rank}.aux"):
+        for name in ("params", trainer_file.STATES, trainer_file.COUNTS, f"rank{rank}.aux", f"rank{rank}.ema"):
             if os.path.exists(os.path.join(tmp, name)):
                 fsync_path(os.path.join(tmp, name))
 
