@@ -20,6 +20,9 @@ def check(flags):
     files = data.check_files(settings)
     print(config.describe(settings, origins))
     print(f"data: {files}")
+    levers = config.open_levers(settings)
+    print("open-division levers: " + (", ".join(f"{config.flag_name(k)} {v}" for k, v in levers.items()) if levers
+                                      else "none (the closed division's rules)"))
     print(verdict(settings))
     return 0
 

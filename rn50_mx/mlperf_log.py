@@ -12,6 +12,7 @@ import sys
 from mlperf_logging import mllog
 from mlperf_logging.mllog import constants as K
 
+from .config import open_levers
 from .errors import InputError
 from .files import crc32, lock_file
 
@@ -153,6 +154,7 @@ def hyperparameter_events(s):
 
 
 def hyperparameters(s):
-    """Log the optimizer keys of `hyperparameter_events`."""
-    for key, value in hyperparameter_events(s):
+    """Log the optimizer keys of `hyperparameter_events`, then the value of each open-division lever the run turns
+    on under its setting's name (config.open_levers; the open rules check no hyperparameter)."""
+    for key, value in hyperparameter_events(s) + list(open_levers(s).items()):
         event(key, value)

@@ -10,6 +10,9 @@ mlperf_logging's own parser; MLLOG lines it cannot parse are skipped and counted
 checker fails such a run. Time to train, the olympic mean and the drop rule are the result summarizer's:
 a run that did not end `success` or fails the compliance check is dropped as the slowest; one such run
 is tolerated, two make the result invalid. The score needs exactly 5 runs, as the package checker does.
+A run logged `submission_division: open` (one with an open-division lever, docs/open-division.md) is shown as open and
+scored only with open runs, never in a closed score; the compliance checker takes the open rules from that line of
+the log itself (common.yaml enqueues open_common.yaml), and the RCPs, which judge closed runs, are not applied.
 """
 import argparse
 import contextlib
@@ -55,6 +58,7 @@ class Run:
     throughput: list  # [epoch, images/s] per epoch
     compliance: str = ""  # SUCCESS / FAILED
     compliance_reason: str = ""  # the checker's first complaint, on one line
+    division: Optional[str] = None  # submission_division: closed, or open for a run with open-division levers
 
     @property
     def resumed(self):
@@ -148,6 +152,7 @@ def read_run(path, ruleset):
         batch_size=first.get("global_batch_size"),
         benchmark=first.get("submission_benchmark"),
         platform=first.get("submission_platform"),
+        division=first.get("submission_division"),
         unparsed_lines=len(unparsed),
         evals=evals,
         throughput=[[e, speed[e]] for e in sorted(speed)],
@@ -196,6 +201,8 @@ def score(runs):
     """The MLPerf score in minutes (None when there is none) and a one-line verdict saying why."""
     if len(runs) != RUNS_NEEDED:
         return None, f"no score: ResNet-50 is scored on exactly {RUNS_NEEDED} runs, got {len(runs)}"
+    if len({run.division for run in runs}) > 1:
+        return None, f"no score: open-division runs are never scored with closed ones ({divisions(runs)})"
     mixed = mixed_runs(runs)
     if mixed:
         return None, f"no score: the runs are not of one system and batch size ({mixed})"
@@ -208,6 +215,20 @@ def score(runs):
     if dropped:
         return minutes, f"valid: olympic mean, one run dropped as the slowest ({why}) and the fastest dropped"
     return minutes, "valid: olympic mean (fastest and slowest dropped)"
+
+
+def divisions(runs):
+    """The runs by submission_division, as 'open: a, b; closed: c'."""
+    groups = {}
+    for run in runs:
+        groups.setdefault(str(run.division), []).append(os.path.basename(run.path))
+    return "; ".join(f"{key}: {', '.join(names)}" for key, names in groups.items())
+
+
+def division_of(runs):
+    """The one division of the runs, or None when there are none or they mix."""
+    found = {run.division for run in runs}
+    return found.pop() if len(found) == 1 else None
 
 
 def mixed_runs(runs):
@@ -226,6 +247,8 @@ def check_rcp(runs, ruleset):
         return RcpVerdict(None, f"mlperf_logging has no ResNet RCPs for ruleset {ruleset}")
     if len(runs) != RUNS_NEEDED:
         return RcpVerdict(None, f"needs exactly {RUNS_NEEDED} runs, got {len(runs)}")
+    if any(run.division != "closed" for run in runs):
+        return RcpVerdict(None, f"RCPs judge closed-division runs only ({divisions(runs)})")
     if any(run.benchmark != BENCHMARK for run in runs):
         return RcpVerdict(None, f"every log must say submission_benchmark {BENCHMARK}")
     if mixed_runs(runs):
@@ -260,7 +283,7 @@ def build_report(runs, ruleset, with_rcp):
         "ruleset": ruleset,
         "runs": [dict(name=name, **asdict(run), counted=run.counted)
                  for name, run in zip(display_names([run.path for run in runs]), runs)],
-        "score": {"minutes": minutes, "verdict": verdict},
+        "score": {"minutes": minutes, "verdict": verdict, "division": division_of(runs)},
         "rcp": None,
     }
     if with_rcp:
@@ -303,9 +326,10 @@ def format_rcp(rcp, ruleset):
 
 def format_report(report):
     """The runs as a table, then the checker's reasons for failed runs, the score and the RCP verdict."""
-    table = [["run", "minutes", "status", "conv.epoch", "top-1", "seed", f"checker {report['ruleset']}"]]
-    table += [[run["name"], number(run["minutes"], ".3f"), run["status"], number(run["converged_epoch"], ""),
-               number(run["top1"], ".4f"), number(run["seed"], ""), run["compliance"]] for run in report["runs"]]
+    table = [["run", "division", "minutes", "status", "conv.epoch", "top-1", "seed", f"checker {report['ruleset']}"]]
+    table += [[run["name"], str(run["division"]), number(run["minutes"], ".3f"), run["status"],
+               number(run["converged_epoch"], ""), number(run["top1"], ".4f"), number(run["seed"], ""),
+               run["compliance"]] for run in report["runs"]]
     rows = columns(table)
     for run in report["runs"]:
         if run["compliance_reason"]:
@@ -313,7 +337,8 @@ def format_report(report):
         if run["unparsed_lines"]:
             rows.append(f"{run['name']}: {run['unparsed_lines']} MLLOG lines did not parse and were skipped")
     minutes, verdict = report["score"]["minutes"], report["score"]["verdict"]
-    rows.append(f"verdict: {verdict}" if minutes is None else f"score: {minutes:.3f} min ({verdict})")
+    label = "open-division score" if report["score"]["division"] == "open" else "score"
+    rows.append(f"verdict: {verdict}" if minutes is None else f"{label}: {minutes:.3f} min ({verdict})")
     if report["rcp"]:
         rows.append(format_rcp(report["rcp"], report["ruleset"]))
     return "\n".join(rows)

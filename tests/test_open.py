@@ -1,16 +1,19 @@
 """The open-division levers (docs/open-division.md): eval resolution and flip averaging, weight EMA, and their
 honest record (refused in the closed division, logged, scored as open). Tiny: the three_classes set at 32x32."""
 import os
+import shutil
 import signal
 
 import mxnet as mx
 import numpy as np
 import pytest
 
-from rn50_mx import checkpoint, config, data, dist, ema, model, train
+from rn50_mx import checkpoint, config, data, dist, ema, model, timing, train
 from rn50_mx.config import Settings
 from tests import test_checkpoint as ckpt
+from tests.support.mllog import events, values
 from tests.support.procs import assert_one_line_naming, run_train, wait_for
+from tests.support.timing import edited_fixture, report_of
 
 OPEN = dict(num_classes=3, image_shape="3,32,32", batch_size=4, dali_threads=1, min_random_area=1.0, seed=3,
             submission_division="open")
@@ -218,3 +221,57 @@ def test_a_run_with_ema_stopped_mid_epoch_resumes_exactly(three_classes, tmp_pat
     ckpt.assert_same_params(str(tmp_path / "resumed"), str(tmp_path / "whole"))
     ours, theirs = ckpt.epoch_lines(text), ckpt.epoch_lines(reference)
     assert ours[2] == theirs[2] and "top-1" in ours[2]
+
+
+# --- the record: logged, checked and scored as open ---------------------------------------------------------
+
+LEVERS = dict(val_crop=48, eval_flip=1, ema_decay=0.8, ema_every=2, submission_division="open")
+
+
+@pytest.fixture(scope="module")
+def open_run(three_classes, tmp_path_factory):
+    """A run with every lever on, its threshold reached at the first eval: (stdout, MLPerf log)."""
+    log = str(tmp_path_factory.mktemp("open_run") / "mlperf.log")
+    flags = dict(OPEN, data_train=os.path.join(three_classes, "train.rec"),
+                 data_val=os.path.join(three_classes, "val.rec"), num_epochs=2, warmup_epochs=0, lr=0.5,
+                 eval_offset=0, eval_period=1, accuracy_threshold=0.0, mllog_file=log, **LEVERS)
+    result = run_train([f"{config.flag_name(k)}={v}" for k, v in flags.items()])
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return result.stdout, log
+
+
+def test_an_open_run_logs_its_division_and_each_lever(open_run):
+    logged = events(open_run[1])
+    assert values(logged, "submission_division") == ["open"]
+    for name, value in dict(LEVERS, submission_division=None).items():
+        if value is not None:
+            assert values(logged, name) == [value], name
+    assert values(logged, "run_stop", "status") == ["success"]
+
+
+def test_the_checker_takes_the_open_rules_from_the_log_and_passes_it(open_run):
+    assert timing.check_compliance(open_run[1], "1.0.0") == ("SUCCESS", "")
+
+
+def test_timing_scores_open_runs_only_among_themselves(open_run, tmp_path):
+    for i in range(1, 6):
+        shutil.copy(open_run[1], tmp_path / f"result_{i}.txt")
+    report = report_of([tmp_path], with_rcp=True)
+    assert [run["division"] for run in report["runs"]] == ["open"] * 5
+    assert report["score"]["division"] == "open" and report["score"]["minutes"] is not None
+    assert report["rcp"]["passed"] is None and "closed-division runs only" in report["rcp"]["message"]
+    assert "open-division score: " in timing.format_report(report)
+    mixed = edited_fixture(tmp_path / "mixed", {})
+    shutil.copy(open_run[1], mixed / "result_5.txt")
+    report = report_of([mixed])
+    assert report["score"]["minutes"] is None
+    assert report["score"]["verdict"] == ("no score: open-division runs are never scored with closed ones (closed: "
+                                          "result_1.txt, result_2.txt, result_3.txt, result_4.txt; open: result_5.txt)")
+
+
+def test_check_lists_the_levers_on(capsys):
+    from rn50_mx import check
+    check.main(["--submission-division", "open", "--val-crop", "256", "--eval-flip", "1"])
+    assert "open-division levers: --val-crop 256, --eval-flip True\n" in capsys.readouterr().out
+    check.main([])
+    assert "open-division levers: none" in capsys.readouterr().out
