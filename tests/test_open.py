@@ -8,7 +8,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from rn50_mx import checkpoint, config, data, dist, ema, model, timing, train
+from rn50_mx import checkpoint, config, data, dist, ema, evaluate, model, timing, train
 from rn50_mx.config import Settings
 from tests import test_checkpoint as ckpt
 from tests.support.mllog import events, values
@@ -204,12 +204,14 @@ def test_the_ema_is_an_open_lever_and_its_period_goes_with_it():
 
 
 @pytest.mark.slow
-def test_a_run_with_ema_stopped_mid_epoch_resumes_exactly(three_classes, tmp_path):
+def test_a_run_with_ema_stopped_mid_epoch_resumes_exactly_and_evaluate_uses_its_ema(three_classes, tmp_path):
     """SIGTERM in epoch 1 of a run with the EMA (every 2 steps, so the stop at step 8 falls between updates): the
     resumed run's evals (of the EMA) and its saved model (the EMA) equal the uninterrupted run's bit for bit."""
     recs = os.path.join(three_classes, "train.rec"), os.path.join(three_classes, "val.rec")
     lever = dict(ema_decay=0.6, ema_every=3, submission_division="open")
-    reference = ckpt.run(recs, 1, tmp_path / "whole.txt", save_model=tmp_path / "whole", **lever)
+    whole_log, whole_folder = str(tmp_path / "whole.log"), str(tmp_path / "whole_ckpt")
+    reference = ckpt.run(recs, 1, tmp_path / "whole.txt", save_model=tmp_path / "whole", mllog_file=whole_log,
+                         checkpoint_dir=whole_folder, checkpoint_every=1, **lever)
     folder, out = str(tmp_path / "ckpt"), tmp_path / "stopped.txt"
     proc = ckpt.start(recs, 1, out, checkpoint_dir=folder, **lever)
     wait_for(proc, out, rf"epoch 1 step 1/{ckpt.STEPS}")
@@ -221,6 +223,15 @@ def test_a_run_with_ema_stopped_mid_epoch_resumes_exactly(three_classes, tmp_pat
     ckpt.assert_same_params(str(tmp_path / "resumed"), str(tmp_path / "whole"))
     ours, theirs = ckpt.epoch_lines(text), ckpt.epoch_lines(reference)
     assert ours[2] == theirs[2] and "top-1" in ours[2]
+    # python -m rn50_mx.evaluate on the checkpoint after epoch 1 gives that epoch's eval: the EMA's figure
+    result = ckpt.evaluate(recs, 1, checkpoint_dir=whole_folder, **lever)
+    assert f"top-1 {values(events(whole_log), 'eval_accuracy')[0]!r}, " in result.stdout, result.stderr[-2000:]
+    step = os.path.join(whole_folder, f"step-{ckpt.STEPS}")
+    net = evaluate.from_checkpoint(config.load(ckpt.argv(recs, 1, **lever)), whole_folder, mx.cpu())
+    averages, live = mx.nd.load(os.path.join(step, "rank0.ema")), mx.nd.load(os.path.join(step, "params"))
+    for name, p in net.collect_params().items():
+        assert np.array_equal(p.data().asnumpy(), averages[name].asnumpy()), name
+    assert not np.array_equal(live["conv0_weight"].asnumpy(), averages["conv0_weight"].asnumpy())
 
 
 # --- the record: logged, checked and scored as open ---------------------------------------------------------

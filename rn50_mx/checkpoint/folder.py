@@ -217,10 +217,15 @@ def lock(folder):
 
 def model_arrays(folder):
     """{name: host array} of the model the checkpoint in `folder` holds: its parameters with its ranks' BatchNorm
-    statistics averaged, the one model a multi-rank run's eval judges (train.one_model)."""
-    params = mx.nd.load(os.path.join(folder, "params"))
-    stats = [mx.nd.load(os.path.join(folder, f"rank{r}.aux")) for r in range(read_meta(folder)["world"])]
-    return {name: mean([ranks[name] for ranks in stats]) if name in stats[0] else array
+    statistics averaged, the one model a multi-rank run's eval judges (train.one_model); for a run with a weight EMA
+    (rank<R>.ema), the averages its evals judged instead: the weights' (the same on every rank) with the ranks'
+    statistics averaged."""
+    averaged = os.path.exists(os.path.join(folder, "rank0.ema"))
+    ranks = [mx.nd.load(os.path.join(folder, f"rank{r}.{'ema' if averaged else 'aux'}"))
+             for r in range(read_meta(folder)["world"])]
+    params = ranks[0] if averaged else mx.nd.load(os.path.join(folder, "params"))
+    stats = set(mx.nd.load(os.path.join(folder, "rank0.aux")))
+    return {name: mean([arrays[name] for arrays in ranks]) if name in stats else array
             for name, array in params.items()}
 
 
