@@ -3,7 +3,8 @@ against a GPU's memory.
 
     input        data.input_memory: DALI's prefetch queue and the MXNet buffers, of train and val
     weights      every parameter, the gradient of each trainable one, and the optimizer's states (momentum; in
-                 float16 also the float32 master copy), from the network's real parameter shapes and dtypes
+                 float16 also the float32 master copy), from the network's real parameter shapes and dtypes; with
+                 --ema-decay also the weight EMA's float32 averages and its copy of the live weights (ema_bytes)
     activations  the output of every operator of the network's symbol at the config's batch and dtype: what
                  backward may keep. An estimate: MXNet's memory planner shares some of them in place (an upper
                  figure there), and MXNet's fused BatchNorm kernels, where the build has them, make fewer outputs.
@@ -28,7 +29,7 @@ def need(s):
     from . import data, model
 
     net = model.build_model(s, mx.cpu())
-    return Need(data.input_memory(s), weight_bytes(net), activation_bytes(net, s))
+    return Need(data.input_memory(s), weight_bytes(net) + ema_bytes(net, s), activation_bytes(net, s))
 
 
 def weight_bytes(net):
@@ -42,6 +43,14 @@ def weight_bytes(net):
             mixed = np.dtype(p.dtype) == np.float16  # float16 runs are multi-precision (optim.make_optimizer)
             total += size * itemsize + (2 * size * 4 if mixed else size * itemsize)
     return total
+
+
+def ema_bytes(net, s):
+    """What the weight EMA (ema.EMA) holds when --ema-decay is on: a float32 average of every parameter and a copy of
+    each in its own dtype, where the live weights wait during an eval."""
+    if not s.ema_decay:
+        return 0
+    return sum(int(np.prod(p.shape)) * (4 + np.dtype(p.dtype).itemsize) for p in net.collect_params().values())
 
 
 def activation_bytes(net, s):

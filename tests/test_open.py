@@ -8,7 +8,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from rn50_mx import checkpoint, config, data, dist, ema, evaluate, model, timing, train
+from rn50_mx import checkpoint, config, data, dist, ema, evaluate, memory, model, timing, train
 from rn50_mx.config import Settings
 from tests import test_checkpoint as ckpt
 from tests.support.mllog import events, values
@@ -182,6 +182,14 @@ def test_an_eval_swaps_the_average_in_and_the_weights_back_exactly(three_classes
         assert all((p.data().asnumpy() == 0.25).all() for p in params)
     after = host(params)
     assert all(np.array_equal(before[k], after[k]) for k in before)
+
+
+def test_the_memory_statement_counts_what_the_ema_holds():
+    s = Settings(num_classes=3, image_shape="3,32,32", ema_decay=0.9, submission_division="open")
+    net = model.build_model(s, mx.cpu())
+    average = ema.make(net, mx.gluon.Trainer(net.collect_params(), "sgd"), s)
+    held = sum(a.size * np.dtype(a.dtype).itemsize for arrays in (average.average, average.live) for a in arrays.values())
+    assert memory.ema_bytes(net, s) == held > 0 and memory.ema_bytes(net, Settings()) == 0
 
 
 @pytest.mark.parametrize("env,name", [
