@@ -36,7 +36,7 @@ def split_model_flag(argv):
 
 
 def from_checkpoint(s, folder, ctx):
-    """The model of `s` with the newest usable checkpoint's arrays in `folder` (checkpoint.model_arrays)."""
+    """The model of `s` with the arrays of the newest usable checkpoint in `folder` (checkpoint.model_arrays)."""
     chosen = checkpoint.newest_usable(folder, set_aside=False) if os.path.isdir(folder) else None
     if chosen is None:
         raise InputError(f"--checkpoint-dir {folder}: no checkpoint there")
@@ -44,11 +44,7 @@ def from_checkpoint(s, folder, ctx):
     if problem:
         raise InputError(f"--checkpoint-dir {folder}: {problem} ({chosen})")
     net = network(s, ctx)
-    arrays = checkpoint.model_arrays(chosen)
-    for name, p in net.collect_params().items():
-        if name not in arrays or arrays[name].shape != p.shape:
-            raise InputError(f"{chosen}: written for another model ({name}); give its settings")
-        p.set_data(arrays[name])
+    checkpoint.set_params(net, checkpoint.model_arrays(chosen), chosen)
     print(f"rn50_mx.evaluate: {chosen}", file=sys.stderr)
     return net
 

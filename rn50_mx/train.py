@@ -120,9 +120,9 @@ def eval_epochs(s):
 
 def fit(s, d, net, loss_fn, trainer, train_it, val_it, pos, saver, average=ema.Off()):
     """Epochs in blocks that end with an eval (of the weight EMA `average` when on), from `pos` (a resumed run's
-    Position, or a new one); returns the
-    run_stop status, or checkpoint.RESUMABLE after a stop the ranks agreed on. Training stops after the last eval:
-    epochs no eval would judge cannot change the outcome (the reference trained them, then aborted)."""
+    Position, or a new one); returns the run_stop status, or checkpoint.RESUMABLE after a stop the ranks agreed on.
+    Training stops after the last eval: epochs no eval would judge cannot change the outcome (the reference trained
+    them, then aborted)."""
     evals = eval_epochs(s)
     last = evals[-1] if evals and val_it is not None else s.epoch_limit - 1
     stops = checkpoint.Stops(d) if saver else checkpoint.NoStops()
@@ -193,14 +193,14 @@ def rank_seed(s, d):
 def warm_up(net, loss_fn, trainer, s, ctx):
     """Do every first-time cost before the clock starts, then undo its effects on the model.
 
-    Two eval forwards at the val images' shape (--val-crop), then two training steps on zeros (the first builds and allocates the static graphs, tunes
-    cuDNN and creates the optimizer states; MXNet's CUDA graphs capture a segment on its second run), with their
-    gradient allreduce and update. Training comes last: a block hybridized with static_alloc keeps one state per
-    device and re-allocates and re-initialises it whenever the `recording` flag differs from its last run (MXNet
-    1.9.1 src/imperative/cached_op.cc, StaticForward: `match = match && state.recording == recording`), so the
-    first timed step finds the training graph as the warm-up left it. Then the weights, BatchNorm
-    statistics, optimizer states and update count are put back as they were, so the timed run is exactly the
-    run it would have been without the warm-up."""
+    Two eval forwards at the val images' shape (--val-crop), then two training steps on zeros (the first builds and
+    allocates the static graphs, tunes cuDNN and creates the optimizer states; MXNet's CUDA graphs capture a segment
+    on its second run), with their gradient allreduce and update. Training comes last: a block hybridized with
+    static_alloc keeps one state per device and re-allocates and re-initialises it whenever the `recording` flag
+    differs from its last run (MXNet 1.9.1 src/imperative/cached_op.cc, StaticForward: `match = match &&
+    state.recording == recording`), so the first timed step finds the training graph as the warm-up left it. Then
+    the weights, BatchNorm statistics, optimizer states and update count are put back as they were, so the timed run
+    is exactly the run it would have been without the warm-up."""
     params = list(net.collect_params().values())
     saved = [p.data().copy() for p in params]
     x = mx.nd.zeros(data.batch_shape(s), ctx=ctx, dtype=s.dtype)

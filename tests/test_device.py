@@ -172,3 +172,19 @@ def test_a_checkpoint_is_saved_from_the_host_and_resumes_on_the_rank_s_device(sm
         runs.append(snapshot(net))
     assert saved and {a.context for a in saved} == {dist.HOST}
     assert all(np.array_equal(runs[0][k], runs[1][k]) for k in runs[0])
+
+
+def test_float32_averages_reach_float16_weights_on_the_device(strict_contexts):
+    """A CUDA build copies between devices only within one type (ndarray_function.cu, Copy<cpu, gpu>), and the strict
+    check refuses the same here. A checkpoint with a weight EMA holds float32 averages for float16 weights: evaluate
+    --checkpoint-dir sets them through set_data, which moves an array in its own type and casts it on the device."""
+    from rn50_mx import checkpoint
+
+    net = mx.gluon.nn.Dense(2, in_units=3, dtype="float16")
+    net.initialize(ctx=RUN_CONTEXT)
+    averages = {name: mx.nd.ones(p.shape, dtype="float32") for name, p in net.collect_params().items()}
+    with pytest.raises(mx.MXNetError, match="same data type when copying across devices"):
+        averages[net.weight.name].copyto(net.weight.data())
+    checkpoint.set_params(net, averages, "ckpt")
+    assert all(p.data().dtype == np.float16 and p.data().context == RUN_CONTEXT and p.data().asnumpy().min() == 1
+               for p in net.collect_params().values())

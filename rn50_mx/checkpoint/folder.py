@@ -229,6 +229,16 @@ def model_arrays(folder):
             for name, array in params.items()}
 
 
+def set_params(net, arrays, where):
+    """`net`'s parameters from host `arrays` (model_arrays'). An EMA's averages are float32 where the weights are
+    float16: set_data moves an array to the device in its own type, then casts it there (NDArray._prepare_value_nd),
+    since a CUDA build copies between devices only within one type (ndarray_function.cu, Copy<cpu, gpu>)."""
+    for name, p in net.collect_params().items():
+        if name not in arrays or arrays[name].shape != p.shape:
+            raise InputError(f"{where}: written for another model ({name}); give its settings")
+        p.set_data(arrays[name])
+
+
 def mean(arrays):
     """The ranks' mean of one statistic; the array itself when they agree (after an eval: exact, whatever the
     number of ranks)."""

@@ -18,14 +18,16 @@ RUN_CONTEXT = mx.cpu(1)  # the stand-in for one rank's GPU: not the default cont
 def same_context_check(verify):
     """MXNet's argument check of its NDArray operators, `verify` (mxnet/ndarray/register.py), plus: inputs and
     outputs on one context; _copyto, the operator that moves data between devices (copyto, as_in_context), is the
-    exception, as in a CUDA build."""
+    exception, as in a CUDA build, where it refuses a change of type on the way."""
     def check(op_name, func_name, args, out):
         verify(op_name, func_name, args, out)
-        if op_name == "_copyto":
-            return
         arrays = [a for a in list(args) + (list(out) if isinstance(out, (list, tuple)) else [out])
                   if isinstance(a, mx.nd.NDArray)]
         contexts = {a.context for a in arrays}
+        if op_name == "_copyto":  # across devices, only within one type (ndarray_function.cu, Copy<cpu, gpu>)
+            if len(contexts) > 1 and len({a.dtype for a in arrays}) > 1:
+                raise mx.MXNetError("Source and target must have the same data type when copying across devices.")
+            return
         if len(contexts) > 1:
             raise mx.MXNetError(f"Operator {op_name} require all inputs live on the same context: {contexts}")
     return check
