@@ -151,7 +151,7 @@ def test_usr1_stops_at_a_checkpoint_and_the_requeued_job_resumes_in_the_same_log
     assert len(mllog(log, "run_start")) == 2 and [event_metadata(log, "run_stop")["status"]] == ["success"]
     assert re.findall(r"epoch 3 step (\d+)/", text)[-1] == str(steps) and text.count("RESULT,IMAGE_CLASSIFICATION") == 1
     assert out.count("Beginning trial 1 of 1") == 1 and out.count("Resuming trial 1 of 1") == 1
-    assert re.search(rf"^{job_id}_1.log +- +resumed from a checkpoint ", out, re.M), out[-2000:]  # timing's row
+    assert re.search(rf"^{job_id}_1.log +closed +- +resumed from a checkpoint ", out, re.M), out[-2000:]  # timing's row
     assert (ckpt / "finished").read_text() == "run_stop success\n"
 
 
