@@ -132,6 +132,10 @@ class Settings:
     max_epochs: int = _opt(0, "epoch limit past the horizon, trained at END_LR (reference runs that converged late "
                            "did so); 0 = NUMEPOCHS", env="RN50_MAX_EPOCHS", low=0, high=1000)
     mom: float = _opt(0.9, "momentum", env="MOM", low=0.0, high=1.0)
+    mom_schedule: str = _opt("", "momentum schedule (the MoXing article's dynamic momentum): EPOCH:MOMENTUM points, "
+                             "comma-separated, epochs rising, linear between points and constant outside them "
+                             "(e.g. 0:0.85,4:0.95); empty = MOM throughout; LARS only; an open-division lever",
+                             env="RN50_MOM_SCHEDULE")
     wd: float = _opt(5e-5, "weight decay (not on BN parameters and biases)", env="WD", low=0.0)
     lars_eta: float = _opt(0.001, "LARS trust coefficient", env="LARSETA", low=0.0)
     lars_eps: float = _opt(0.0, "LARS epsilon", env="LARSEPS", low=0.0)
@@ -220,6 +224,12 @@ class Settings:
         return self.batch_size * self.world_size
 
     @property
+    def momentum_points(self):
+        """The momentum schedule as [(epoch, momentum), ...], or [] when --mom-schedule is empty (validate has
+        checked its text)."""
+        return momentum_points(self.mom_schedule)
+
+    @property
     def is_lars(self):
         return self.optimizer in ("lars", "sgdwfastlars")
 
@@ -256,7 +266,7 @@ REFERENCE_ONLY_ENV = {
 
 # Settings the closed division forbids (MLPerf's closed rules fix the reference's eval preprocessing and optimizer),
 # each with the settings logged along with it; a lever is on when its value is not the default. docs/open-division.md.
-OPEN_LEVERS = {"val_resize": (), "val_crop": (), "eval_flip": (), "ema_decay": ("ema_every",)}
+OPEN_LEVERS = {"val_resize": (), "val_crop": (), "eval_flip": (), "ema_decay": ("ema_every",), "mom_schedule": ()}
 
 
 def open_levers(s):
@@ -266,6 +276,25 @@ def open_levers(s):
         if getattr(s, name) != FIELDS[name].default:
             on.update({n: getattr(s, n) for n in (name, *companions)})
     return on
+
+
+def momentum_points(text):
+    """[(epoch, momentum), ...] parsed from EPOCH:MOMENTUM,...; ValueError says what is wrong in a few words."""
+    points = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        epoch, sep, momentum = item.partition(":")
+        try:
+            point = float(epoch), float(momentum)
+        except ValueError:
+            point = None
+        if not sep or point is None or not all(math.isfinite(v) for v in point):
+            raise ValueError(f"{item!r} is not EPOCH:MOMENTUM")
+        if point[0] < 0 or not 0 <= point[1] < 1:
+            raise ValueError(f"{item!r}: the epoch must be >= 0 and the momentum in [0, 1)")
+        if points and point[0] <= points[-1][0]:
+            raise ValueError(f"{item!r}: the epochs must rise from point to point")
+        points.append(point)
+    return points
 
 
 def flag_name(name):
@@ -351,6 +380,13 @@ def validate(s, origins=None):
                             "logged as open: SUBMISSION_DIVISION=open (--submission-division open)")
     if s.ema_decay >= 1:
         raise SettingsError(f"{src('ema_decay')}={s.ema_decay}: must be below 1 (1 would never move the average)")
+    try:
+        momentum_points(s.mom_schedule)
+    except ValueError as err:
+        raise SettingsError(f"{src('mom_schedule')}={s.mom_schedule!r}: {err}") from None
+    if s.mom_schedule and not s.is_lars:
+        raise SettingsError(f"{src('mom_schedule')}: a momentum schedule needs LARS ({src('optimizer')}="
+                            f"{s.optimizer}: MXNet's SGD takes one momentum)")
     if 0 < s.val_crop < 32:
         raise SettingsError(f"{src('val_crop')}={s.val_crop}: must be 0 or 32 to {MAX_IMAGE_SIDE} (ResNet-50 halves "
                             "the side 5 times)")

@@ -64,6 +64,13 @@ def lr_at(step, base_lr, end_lr, warmup_steps, total_steps, power=2):
     return end_lr + (base_lr - end_lr) * left ** power
 
 
+def momentum_at(step, points, steps_per_epoch):
+    """Momentum of update number `step` on the schedule `points` [(epoch, momentum), ...] (--mom-schedule): linear
+    between the points and constant outside them, in the epochs `lr_at`'s steps count (step / steps per epoch)."""
+    epochs, values = zip(*points)
+    return float(np.interp(step / steps_per_epoch, epochs, values))
+
+
 def schedule(settings, steps_per_epoch):
     """`lr_at` bound to the settings: a callable num_update -> lr, which MXNet optimizers take as lr_scheduler."""
     return functools.partial(lr_at, base_lr=settings.lr, end_lr=settings.end_lr,
@@ -92,9 +99,10 @@ class LARS(mx.optimizer.Optimizer):
     of tensors: no host-to-device copy (nd.array waits for the engine to take its write: a step-wide sync).
     """
 
-    def __init__(self, momentum=0.9, eta=0.001, eps=0.0, correct_momentum=True, **kwargs):
+    def __init__(self, momentum=0.9, eta=0.001, eps=0.0, correct_momentum=True, momentum_scheduler=None, **kwargs):
         super().__init__(**kwargs)
         self.momentum = momentum
+        self.momentum_scheduler = momentum_scheduler  # num_update -> momentum (--mom-schedule), or None
         self.eta = eta
         self.eps = eps
         self.correct_momentum = correct_momentum
@@ -124,12 +132,16 @@ class LARS(mx.optimizer.Optimizer):
     def lr_of(self, num_update):
         return self.lr_scheduler(num_update) if self.lr_scheduler is not None else self.lr
 
+    def momentum_of(self, num_update):
+        """The momentum of update `num_update`: the schedule's, or the one momentum; a host float, no sync."""
+        return self.momentum_scheduler(num_update) if self.momentum_scheduler is not None else self.momentum
+
     def layer_momentum(self):
         """The momentum of the layer weights at update num_update (see correct_momentum)."""
         t = self.num_update
         if not self.correct_momentum or t <= 1:
-            return self.momentum
-        return self.momentum * (self.lr_of(t) / self.lr_of(t - 1))
+            return self.momentum_of(t)
+        return self.momentum_of(t) * (self.lr_of(t) / self.lr_of(t - 1))
 
     def group(self, index, weight):
         """The Group of these tensors, made at their first update (the warm-up's)."""
@@ -156,7 +168,8 @@ class LARS(mx.optimizer.Optimizer):
             nd.multi_lars(lrs[:n], w_sq, g_sq, g.wds[:n], eta=self.eta, eps=self.eps,
                           rescale_grad=self.rescale_grad, out=lrs[:n])
         sgd_mom = nd.preloaded_multi_mp_sgd_mom_update if mixed else nd.preloaded_multi_sgd_mom_update
-        for part, momentum in ((slice(0, n), self.layer_momentum()), (slice(n, None), self.momentum)):
+        others = self.momentum_of(self.num_update)
+        for part, momentum in ((slice(0, n), self.layer_momentum()), (slice(n, None), others)):
             ks = g.order[part]
             if ks:
                 inputs = [a for s, k in zip(states[part], ks) for a in (weight[k], grad[k]) + s]
@@ -204,8 +217,11 @@ def make_optimizer(settings, steps_per_epoch):
     common = dict(momentum=settings.mom, wd=settings.wd, lr_scheduler=schedule(settings, steps_per_epoch),
                   multi_precision=settings.dtype == "float16")
     if settings.is_lars:
+        points = settings.momentum_points
+        scheduler = functools.partial(momentum_at, points=points, steps_per_epoch=steps_per_epoch) if points else None
         optimizer = mx.optimizer.create(settings.optimizer, eta=settings.lars_eta, eps=settings.lars_eps,
-                                        correct_momentum=settings.lars_form == "submitted", **common)
+                                        correct_momentum=settings.lars_form == "submitted",
+                                        momentum_scheduler=scheduler, **common)
     else:
         optimizer = mx.optimizer.create("sgd", **common)
     # Tensors per multi-tensor update call. MXNet's own optimizers read MXNET_OPTIMIZER_AGGREGATION_SIZE from the
