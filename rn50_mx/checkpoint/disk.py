@@ -4,6 +4,7 @@ import json
 import os
 
 from .. import files
+from ..errors import InputError
 from .contents import load_problem, meta_problem
 from .trainer_file import COUNTS, STATES
 
@@ -62,8 +63,17 @@ def problem(folder):
 
 
 def read_meta(folder):
-    with open(os.path.join(folder, META)) as f:
-        return json.load(f)
+    """The checkpoint's meta.json (one that `problem` found whole)."""
+    return read_json(os.path.join(folder, META))
+
+
+def read_json(path):
+    """A JSON file this package wrote, or one line naming it and why it cannot be read."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as err:
+        raise InputError(f"{path}: cannot read ({err})") from None
 
 
 def first_line(err):

@@ -8,7 +8,7 @@ import mxnet as mx
 
 from .. import config, files
 from ..errors import InputError
-from .disk import first_line, fsync_path
+from .disk import first_line, fsync_path, read_json
 
 MODEL_FILES = ("-0000.params", "-symbol.json", "-settings.json")
 # What a network was built for: evaluated with others, it fails in MXNet or, for the image side, gives another top-1
@@ -75,10 +75,3 @@ def load_model(path, s, ctx):
     except (mx.base.MXNetError, ValueError, AssertionError) as err:
         raise InputError(f"--model {path}: cannot load ({first_line(err)})") from None
 
-
-def read_json(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as err:
-        raise InputError(f"{path}: cannot read ({err})") from None
