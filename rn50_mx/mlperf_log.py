@@ -1,8 +1,7 @@
 """MLPerf Training log lines (`:::MLLOG {...}`) through the official `mlperf_logging.mllog`.
 
 Only rank 0 writes, except `init_start`, which every rank writes as the reference does (train_imagenet.py and result
-logs). The keys
-and their order follow the NF5688M6 log; `python -m mlperf_logging.compliance_checker --usage training
+logs). The keys and their order follow the NF5688M6 log; `python -m mlperf_logging.compliance_checker --usage training
 --ruleset 1.0.0 LOG` accepts what this module writes.
 """
 import logging

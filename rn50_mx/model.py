@@ -1,16 +1,14 @@
 """ResNet-50 v1.5 as a Gluon HybridBlock, its initialisation, and the parameter roles LARS and weight decay use.
 
 The network is the reference's `resnet-v1b-stats-fl` symbol (symbols/resnet-v1b-stats-fl.py) with the cuDNN NormConv
-fusions
-unfolded into plain conv -> BN -> ReLU, which computes the same thing. Where the running MXNet has fused
-BatchNorm kernels (NGC builds: BatchNorm with act_type='relu', and BatchNormAddRelu) and the layout is NHWC,
-BN -> ReLU and BN -> add -> ReLU each run as one kernel, saving passes over every activation; stock MXNet,
-which has neither, runs them as separate operators. Where it also has NVIDIA's NormConv operators and the network is
-NHWC float16, each bottleneck runs as the reference wires them (see Bottleneck.normconv_forward and
-docs/faithful-to-the-submission.md). Either way the parameters and their names are the same. Parameter
-names are the reference's
-(`conv0_weight`, `stage1_unit1_conv1sc_weight`, `fc1_bias`, ...), so the 161 trainable tensors can be logged
-under the names the MLPerf checkers know.
+fusions unfolded into plain conv -> BN -> ReLU, which computes the same thing. Where the running MXNet has fused
+BatchNorm kernels (NGC builds: BatchNorm with act_type='relu', and BatchNormAddRelu) and the layout is NHWC, BN -> ReLU
+and BN -> add -> ReLU each run as one kernel, saving passes over every activation; stock MXNet, which has neither, runs
+them as separate operators. Where it also has NVIDIA's NormConv operators and the network is NHWC float16, each
+bottleneck runs as the reference wires them (see Bottleneck.normconv_forward and docs/faithful-to-the-submission.md).
+Either way the parameters and their names are the same. Parameter names are the reference's (`conv0_weight`,
+`stage1_unit1_conv1sc_weight`, `fc1_bias`, ...), so the 161 trainable tensors can be logged under the names the MLPerf
+checkers know.
 
 What MXNet 1.9.1 on CPU can run (measured): NCHW float32 only. Conv2D with layout NHWC fails (MKLDNN:
 "could not create a descriptor"; without MKLDNN: "Only support NCW, NCHW and NCDHW layout"), and float16

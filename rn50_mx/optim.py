@@ -1,12 +1,11 @@
 """What training minimises and how: the smoothed loss, LARS (MXNet optimizers `lars` and `sgdwfastlars`),
 the learning-rate schedule, and the trainer.
 
-Gradient scaling (symbols/resnet-v1b-stats-fl.py and common/fit.py): the loss is a per-sample vector, so backward
-gives gradients *summed*
-over the local batch, and `trainer.step(local_batch_size)` sets rescale_grad = 1/local_batch_size. Across
-ranks, hvd.DistributedTrainer (Horovod 0.28) either sums and divides rescale_grad by the world size (Gloo, NCCL
-< 2.10: measured 1/(4 x 2) with 2 Gloo ranks of 4 images) or averages in the allreduce; both give the optimizer
-the gradient of the mean loss over the global batch, as the reference's sum x 1/3264 does.
+Gradient scaling (symbols/resnet-v1b-stats-fl.py and common/fit.py): the loss is a per-sample vector, so backward gives
+gradients *summed* over the local batch, and `trainer.step(local_batch_size)` sets rescale_grad = 1/local_batch_size.
+Across ranks, hvd.DistributedTrainer (Horovod 0.28) either sums and divides rescale_grad by the world size (Gloo, NCCL <
+2.10: measured 1/(4 x 2) with 2 Gloo ranks of 4 images) or averages in the allreduce; both give the optimizer the
+gradient of the mean loss over the global batch, as the reference's sum x 1/3264 does.
 """
 import functools
 import warnings

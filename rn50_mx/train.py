@@ -110,9 +110,8 @@ def accuracy(net, val_it, d, flip=None):
 
 
 def eval_epochs(s):
-    """0-based epochs after which we evaluate: every eval_period from eval_offset, as the MLPerf rules allow
-    (mlperf_fit in common/fit.py), plus the last epoch only when --eval-last-epoch asks for it (an off-schedule eval:
-    not for
+    """0-based epochs after which we evaluate: every eval_period from eval_offset, as the MLPerf rules allow (mlperf_fit
+    in common/fit.py), plus the last epoch only when --eval-last-epoch asks for it (an off-schedule eval: not for
     submissions)."""
     scheduled = {e for e in range(s.epoch_limit) if e % s.eval_period == s.eval_offset}
     return sorted(scheduled | ({s.epoch_limit - 1} if s.eval_last_epoch else set()))

@@ -1,14 +1,13 @@
 """The search: coordinate descent over the knobs, candidates timed in paired rounds against the incumbent.
 
-The ceiling (synthetic batches) and the starting settings are timed side by side first (real/synthetic: the
-median of the per-round ratios). Then each knob in turn,
-the most promising first: the incumbent and its untried neighbouring values are timed in alternating rounds, and a
-candidate's gain is the median of its per-round ratios to the incumbent, so that the swings of shared cores cancel.
-A candidate far below the incumbent after its first round is not timed further. The best candidate that wins by
-WIN becomes the incumbent, and the knob keeps stepping that way while it wins. The search stops when real/synthetic
-reaches the target (checked against the ceiling again), when every knob is done, or when the next comparison would
-overrun the budget. Each window
-starts with untimed steps (measure.DRAIN, more than the prefetch depth): they absorb a new pipeline's start."""
+The ceiling (synthetic batches) and the starting settings are timed side by side first (real/synthetic: the median of
+the per-round ratios). Then each knob in turn, the most promising first: the incumbent and its untried neighbouring
+values are timed in alternating rounds, and a candidate's gain is the median of its per-round ratios to the incumbent,
+so that the swings of shared cores cancel. A candidate far below the incumbent after its first round is not timed
+further. The best candidate that wins by WIN becomes the incumbent, and the knob keeps stepping that way while it wins.
+The search stops when real/synthetic reaches the target (checked against the ceiling again), when every knob is done, or
+when the next comparison would overrun the budget. Each window starts with untimed steps (measure.DRAIN, more than the
+prefetch depth): they absorb a new pipeline's start."""
 import collections
 import statistics
 import time
