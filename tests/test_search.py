@@ -16,8 +16,10 @@ import psutil
 import pytest
 
 from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, bash, wait_for
-from rn50_mx import files
+from rn50_mx import files, timing
+from rn50_mx.config import Settings
 from rn50_mx.errors import InputError
+from rn50_mx.search import trials
 
 TINY = dict(NUM_CLASSES="3", BATCHSIZE="4", NUMEXAMPLES="24", NUMEPOCHS="3", WARMUP_EPOCHS="1", LR="0.5",
             EVAL_PERIOD="2", EVAL_OFFSET="1", MIN_RANDOM_AREA="0.3", DALI_THREADS="1", ACCURACY_THRESHOLD="0.3",
@@ -99,6 +101,22 @@ def test_a_tiny_search_finds_the_better_set_and_writes_a_fragment_the_check_acce
     assert f"test: sourced {fragment}: EVAL_OFFSET=0" in check.stdout  # after the tuner's, which set 1
     assert any(line.split()[:3] == ["--eval-offset", "0", "EVAL_OFFSET"] for line in check.stdout.splitlines())
     assert leftovers(tmp_path) == []
+
+
+def test_top1_near_chance_within_the_warmup_is_not_divergence():
+    """The demo's search (bench/search.py, warmup 1 epoch): LR 4.4 was cut as diverged at epoch 1's 0.0981 against
+    the best curve's 0.2017, between LRs 4.0 and 4.8 that both converged. Within the warmup such a run goes on; at
+    chance past it, it is cut; NaN is cut at once."""
+    s = Settings(num_classes=10, num_epochs=4, warmup_epochs=1, lr=4.0)
+    best = [[[1, 0.2017], [2, 0.6544], [3, 0.7427], [4, 0.7646]]]
+
+    def run(*evals):
+        return timing.Run("trial.log", None, "missing", None, evals[-1][1], 1, 128, None, None, 0, list(evals), [])
+
+    assert trials.verdict(run([1, 0.0981]), "", s, best, 0.75) == ""
+    assert trials.verdict(run([1, 0.0981], [2, 0.11]), "", s, best, 0.75) == trials.DIVERGED
+    assert trials.verdict(run([1, float("nan")]), "", s, best, 0.75) == trials.DIVERGED
+    assert trials.verdict(run([1, 0.15], [2, 0.66]), "", s, best, 0.75) == ""
 
 
 @pytest.mark.slow
