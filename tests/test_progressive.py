@@ -1,0 +1,38 @@
+"""Progressive resizing (docs/open-division.md): the training crop side follows a schedule over epochs, applied by
+the same DALI graph (a per-batch size) and taken by the hybridized network at each size. Tiny: the three_classes set
+(24 images at 32x32), sides 16 -> 32 in steps of 8 would be below ResNet-50's 32: the ramp here is 32 -> 48 -> 64."""
+import mxnet as mx
+import numpy as np
+import pytest
+
+from rn50_mx import config, data
+from tests.test_open import open_settings
+
+RAMP = dict(image_shape="3,64,64", prog_start_side=32, prog_start_epoch=0, prog_end_epoch=2, prog_step=16,
+            num_epochs=3, warmup_epochs=0, eval_offset=0)
+
+
+def test_the_schedule_ramps_linearly_and_rounds_down_to_the_step():
+    s = config.Settings(image_shape="3,224,224", prog_start_side=160, prog_start_epoch=2, prog_end_epoch=12,
+                        prog_step=32, submission_division="open", num_epochs=16)
+    assert [s.train_hw(e)[0] for e in range(14)] == [160] * 7 + [192] * 5 + [224] * 2  # FFCV: 192 from epoch 5
+    assert s.train_sizes == [(160, 160), (192, 192), (224, 224)]
+    assert config.Settings().train_sizes == [(224, 224)]
+
+
+def epoch_shapes(it, epochs):
+    """Per epoch, the set of (H, W) of its batches (each batch's provide_data says its own shape)."""
+    shapes = []
+    for _ in range(epochs):
+        it.reset()
+        batches = list(it)
+        assert all(b.provide_data[0].shape == b.data[0].shape for b in batches)
+        shapes.append({tuple(b.data[0].shape[2:]) for b in batches})
+    return shapes
+
+
+@pytest.mark.parametrize("antialias", [True, False])  # fn.resize, or the scaling warp
+def test_the_batches_of_each_epoch_have_the_schedule_s_size(three_classes, antialias):
+    s = open_settings(three_classes, dali_resize_antialias=antialias, **RAMP)
+    it, _ = data.make_iters(s, 0, 1, 3, mx.cpu())
+    assert epoch_shapes(it, 3) == [{(32, 32)}, {(48, 48)}, {(64, 64)}]
