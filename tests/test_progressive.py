@@ -5,7 +5,8 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from rn50_mx import config, data, train
+from rn50_mx import check, config, data, train
+from rn50_mx.errors import InputError
 from tests.test_device import snapshot, trained_parts
 from tests.test_open import open_settings
 
@@ -52,3 +53,57 @@ def test_the_warm_up_trains_at_every_size_the_first_epoch_s_last_and_leaves_the_
     after = snapshot(net)
     assert [k for k in before if not np.array_equal(before[k], after[k])] == []
     assert trainer._optimizer.num_update == 0
+
+
+@pytest.mark.parametrize("env,name", [
+    ({"RN50_PROG_START_SIDE": "64"}, "RN50_PROG_START_SIDE"),  # start > end (IMAGE_SHAPE 3,48,48)
+    ({"RN50_PROG_START_SIDE": "16"}, "RN50_PROG_START_SIDE"),  # below ResNet-50's 32
+    ({"RN50_PROG_START_SIDE": "40", "RN50_PROG_STEP": "16"}, "RN50_PROG_STEP"),  # step does not divide the start
+    ({"RN50_PROG_START_SIDE": "32", "RN50_PROG_STEP": "32"}, "RN50_PROG_STEP"),  # nor H,W
+    ({"RN50_PROG_START_SIDE": "32", "RN50_PROG_STEP": "16", "RN50_PROG_START_EPOCH": "3",
+      "RN50_PROG_END_EPOCH": "2"}, "RN50_PROG_END_EPOCH"),
+    ({"RN50_PROG_START_SIDE": "32", "RN50_PROG_STEP": "0"}, "RN50_PROG_STEP"),
+    ({"RN50_PROG_START_SIDE": "32", "RN50_PROG_STEP": "16", "DALI_ROI_DECODE": "0"}, "RN50_PROG_START_SIDE"),
+    ({"RN50_PROG_START_SIDE": "32", "RN50_PROG_STEP": "16", "DTYPE": "float16", "INPUT_LAYOUT": "NHWC",
+      "DEVICE": "gpu"}, "RN50_PROG_START_SIDE"),  # NormConv counts one H,W
+])
+def test_bad_progressive_values_are_one_line(env, name):
+    with pytest.raises(config.SettingsError, match=f"^{name}=") as error:
+        config.load([], dict(env, IMAGE_SHAPE="3,48,48", SUBMISSION_DIVISION="open"))
+    assert "\n" not in str(error.value)
+
+
+def test_progressive_resizing_is_an_open_lever_logged_and_listed(capsys):
+    with pytest.raises(config.SettingsError, match="^RN50_PROG_START_SIDE=160: an open-division lever"):
+        config.load([], {"RN50_PROG_START_SIDE": "160"})
+    s = config.load([], {"RN50_PROG_START_SIDE": "160", "RN50_PROG_END_EPOCH": "13", "SUBMISSION_DIVISION": "open"})
+    assert config.open_levers(s) == dict(prog_start_side=160, prog_start_epoch=0, prog_end_epoch=13, prog_step=32)
+    check.main(["--submission-division", "open", "--prog-start-side", "160", "--prog-end-epoch", "13"])
+    assert ("open-division levers: --prog-start-side 160, --prog-start-epoch 0, --prog-end-epoch 13, --prog-step 32"
+            in capsys.readouterr().out)
+
+
+def test_the_input_memory_counts_a_buffer_ring_per_size():
+    s = config.Settings(image_shape="3,64,64", prog_start_side=32, prog_end_epoch=2, prog_step=16,
+                        submission_division="open")
+    plain = s.replace(prog_start_side=0, submission_division="closed")
+    per_image = {side: 3 * side * side * 4 + 4 for side in (32, 48, 64)}
+    assert data.input_memory(s, val=False) - data.input_memory(plain, val=False) == \
+        data.RING * s.batch_size * (per_image[32] + per_image[48])
+
+
+def test_the_gpu_hand_over_copies_each_size_into_its_own_buffers(three_classes):
+    """The GPU path's copy (copy_to_external into persistent MXNet buffers), run on the CPU: each epoch's batch lands
+    in a buffer of its own shape, equal to what the zero-copy path gives."""
+    s = open_settings(three_classes, **RAMP)
+    copied, shared = data.make_iters(s, 0, 1, 3, mx.cpu())[0], data.make_iters(s, 0, 1, 3, mx.cpu())[0]
+    copied.handover = data.Handover(s, mx.cpu(), copy=True)
+    assert sorted(shape[2:] for shape in copied.handover.rings) == [(32, 32), (48, 48), (64, 64)]
+    for _ in range(3):
+        copied.reset(), shared.reset()
+        for ours, theirs in zip(copied, shared):
+            assert np.array_equal(ours.data[0].asnumpy(), theirs.data[0].asnumpy())
+    fresh = data.make_iters(s, 0, 1, 3, mx.cpu())[0]  # its first epoch at 32, buffers of 64 only
+    fresh.handover = data.Handover(s.replace(prog_start_side=0, submission_division="closed"), mx.cpu(), copy=True)
+    with pytest.raises(InputError, match=r"\(3, 32, 32\), float32\) do not fit the \(4, 3, 64, 64\) float32 buffer"):
+        next(fresh)
