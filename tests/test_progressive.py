@@ -1,12 +1,18 @@
 """Progressive resizing (docs/open-division.md): the training crop side follows a schedule over epochs, applied by
 the same DALI graph (a per-batch size) and taken by the hybridized network at each size. Tiny: the three_classes set
 (24 images at 32x32), sides 16 -> 32 in steps of 8 would be below ResNet-50's 32: the ramp here is 32 -> 48 -> 64."""
+import os
+import signal
+
 import mxnet as mx
 import numpy as np
 import pytest
 
-from rn50_mx import check, config, data, train
+from rn50_mx import check, checkpoint, config, data, train
 from rn50_mx.errors import InputError
+from tests import test_checkpoint as ckpt
+from tests.support.mllog import events, values
+from tests.support.procs import wait_for
 from tests.test_device import snapshot, trained_parts
 from tests.test_open import open_settings
 
@@ -107,3 +113,26 @@ def test_the_gpu_hand_over_copies_each_size_into_its_own_buffers(three_classes):
     fresh.handover = data.Handover(s.replace(prog_start_side=0, submission_division="closed"), mx.cpu(), copy=True)
     with pytest.raises(InputError, match=r"\(3, 32, 32\), float32\) do not fit the \(4, 3, 64, 64\) float32 buffer"):
         next(fresh)
+
+
+def test_a_run_stopped_mid_ramp_resumes_with_the_same_sizes_bit_identical(three_classes, tmp_path):
+    """SIGTERM in epoch 1 of 2 (at 48 px of a 32 -> 64 ramp): the resumed run's pipeline, restored from DALI's
+    checkpoint, counts its batches on from the saved one, so its sizes and so its evals and final weights equal the
+    uninterrupted run's bit for bit; the log names the lever's values."""
+    recs = os.path.join(three_classes, "train.rec"), os.path.join(three_classes, "val.rec")
+    lever = dict(image_shape="3,64,64", prog_start_side=32, prog_end_epoch=2, prog_step=16, submission_division="open")
+    log = str(tmp_path / "whole.log")
+    reference = ckpt.run(recs, 1, tmp_path / "whole.txt", save_model=tmp_path / "whole", mllog_file=log, **lever)
+    assert values(events(log), "prog_start_side") == [32] and values(events(log), "prog_step") == [16]
+    folder, out = str(tmp_path / "ckpt"), tmp_path / "stopped.txt"
+    proc = ckpt.start(recs, 1, out, checkpoint_dir=folder, **lever)
+    wait_for(proc, out, rf"epoch 1 step 1/{ckpt.STEPS}")
+    proc.send_signal(signal.SIGTERM)
+    ckpt.finish(proc, out, code=checkpoint.RESUMABLE_EXIT)
+    text = ckpt.run(recs, 1, tmp_path / "resumed.txt", checkpoint_dir=folder, save_model=tmp_path / "resumed", **lever)
+    ckpt.assert_same_params(str(tmp_path / "resumed"), str(tmp_path / "whole"))
+    ours, theirs = ckpt.epoch_lines(text), ckpt.epoch_lines(reference)
+    assert ours[2] == theirs[2] and "top-1" in ours[2]
+    # the same stop with every batch at 64 px ends elsewhere: the sizes are what made the runs equal
+    flat = ckpt.run(recs, 1, tmp_path / "flat.txt", image_shape="3,64,64")
+    assert ckpt.epoch_lines(flat)[2] != theirs[2]
