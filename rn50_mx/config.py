@@ -20,6 +20,7 @@ from .errors import InputError
 # 2048 pixels (84 times the reference's 224x224 in every activation) is a typo, not a recipe.
 MAX_BATCH = 16384
 MAX_IMAGE_SIDE = 2048
+MIN_PROG_SIDE = 16  # a progressive-resizing start side: each stride-2 layer rounds up, so 16 px leave 1x1 at stage 4
 
 
 class SettingsError(InputError):
@@ -432,9 +433,9 @@ def validate(s, origins=None):
 def check_progressive(s, src):
     """The progressive-resizing schedule's settings against each other and against what the graph can change."""
     start, step, (_, h, w) = s.prog_start_side, s.prog_step, s.image_chw
-    if not 32 <= start <= min(h, w):
-        raise SettingsError(f"{src('prog_start_side')}={start}: must be 32 (ResNet-50 halves the side 5 times) to the "
-                            f"smaller side of {src('image_shape')}={s.image_shape}")
+    if not MIN_PROG_SIDE <= start <= min(h, w):
+        raise SettingsError(f"{src('prog_start_side')}={start}: must be {MIN_PROG_SIDE} (the last stage then sees 1x1) "
+                            f"to the smaller side of {src('image_shape')}={s.image_shape}")
     if start % step or h % step or w % step:
         raise SettingsError(f"{src('prog_step')}={step}: must divide {src('prog_start_side')}={start} and the H,W "
                             f"of {src('image_shape')}={s.image_shape}")
