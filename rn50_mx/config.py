@@ -20,6 +20,7 @@ from .errors import InputError
 # 2048 pixels (84 times the reference's 224x224 in every activation) is a typo, not a recipe.
 MAX_BATCH = 16384
 MAX_IMAGE_SIDE = 2048
+MIN_PROG_SIDE = 16  # a progressive-resizing start side: each stride-2 layer rounds up, so 16 px leave 1x1 at stage 4
 
 
 class SettingsError(InputError):
@@ -57,6 +58,15 @@ class Settings:
                          env="RN50_VAL_CROP", low=0, high=MAX_IMAGE_SIDE)
     eval_flip: bool = _opt(False, "eval: average the softmax of each val image and its horizontal mirror; an "
                            "open-division lever", env="RN50_EVAL_FLIP")
+    prog_start_side: int = _opt(0, "progressive resizing: the training crop side at the start, ramped to IMAGE_SHAPE's "
+                                "H,W; 0 = off (train at H,W throughout); an open-division lever",
+                                env="RN50_PROG_START_SIDE", low=0, high=MAX_IMAGE_SIDE)
+    prog_start_epoch: int = _opt(0, "progressive resizing: the last epoch (0-based) at the start side",
+                                 env="RN50_PROG_START_EPOCH", low=0, high=1000)
+    prog_end_epoch: int = _opt(0, "progressive resizing: the first epoch (0-based) at H,W; between the two the side "
+                               "grows linearly", env="RN50_PROG_END_EPOCH", low=0, high=1000)
+    prog_step: int = _opt(32, "progressive resizing: sides are rounded down to a multiple of this many pixels",
+                          env="RN50_PROG_STEP", low=1, high=MAX_IMAGE_SIDE)
     min_random_area: float = _opt(0.05, "train crop: smallest area fraction", env="MIN_RANDOM_AREA",
                                   low=0.0, high=1.0)
     max_random_area: float = _opt(1.0, "train crop: largest area fraction", env="MAX_RANDOM_AREA",
@@ -208,6 +218,23 @@ class Settings:
         with the crop's height (the reference's 256 -> 224 ratio at any size)."""
         return round(self.val_resize * self.eval_chw[1] / 224)
 
+    def train_hw(self, epoch):
+        """(H, W) of the training crops in 0-based `epoch`: IMAGE_SHAPE's, or with --prog-start-side a linear ramp
+        from that side to them between --prog-start-epoch and --prog-end-epoch, rounded down to --prog-step."""
+        hw = self.image_chw[1:]
+        a, b, start = self.prog_start_epoch, self.prog_end_epoch, self.prog_start_side
+        if not start or epoch >= b:
+            return hw
+        if epoch <= a:
+            return (start, start)
+        return tuple(int(start + (end - start) * (epoch - a) / (b - a)) // self.prog_step * self.prog_step
+                     for end in hw)
+
+    @property
+    def train_sizes(self):
+        """Every training (H, W) of the run, in the order the epochs reach them."""
+        return list(dict.fromkeys(self.train_hw(epoch) for epoch in range(self.epoch_limit)))
+
     @property
     def epoch_limit(self):
         """The last epoch a run may train, 1-based: NUMEPOCHS, or RN50_MAX_EPOCHS past it."""
@@ -266,7 +293,8 @@ REFERENCE_ONLY_ENV = {
 
 # Settings the closed division forbids (MLPerf's closed rules fix the reference's eval preprocessing and optimizer),
 # each with the settings logged along with it; a lever is on when its value is not the default. docs/open-division.md.
-OPEN_LEVERS = {"val_resize": (), "val_crop": (), "eval_flip": (), "ema_decay": ("ema_every",), "mom_schedule": ()}
+OPEN_LEVERS = {"val_resize": (), "val_crop": (), "eval_flip": (), "ema_decay": ("ema_every",), "mom_schedule": (),
+               "prog_start_side": ("prog_start_epoch", "prog_end_epoch", "prog_step")}
 
 
 def open_levers(s):
@@ -390,6 +418,8 @@ def validate(s, origins=None):
     if 0 < s.val_crop < 32:
         raise SettingsError(f"{src('val_crop')}={s.val_crop}: must be 0 or 32 to {MAX_IMAGE_SIDE} (ResNet-50 halves "
                             "the side 5 times)")
+    if s.prog_start_side:
+        check_progressive(s, src)
     if origins.get("omp_num_threads") == "flag":
         raise SettingsError("--omp-num-threads: MXNet reads OMP_NUM_THREADS when it loads, before any flag is "
                             "parsed: set the variable instead")
@@ -398,6 +428,26 @@ def validate(s, origins=None):
     if s.world_size > 1 and s.kv_store != "horovod":
         raise SettingsError(f"{src('kv_store')}={s.kv_store}: {s.dgxnnodes} node(s) x {s.dgxngpu} processes "
                             "need horovod")
+
+
+def check_progressive(s, src):
+    """The progressive-resizing schedule's settings against each other and against what the graph can change."""
+    start, step, (_, h, w) = s.prog_start_side, s.prog_step, s.image_chw
+    if not MIN_PROG_SIDE <= start <= min(h, w):
+        raise SettingsError(f"{src('prog_start_side')}={start}: must be {MIN_PROG_SIDE} (the last stage then sees 1x1) "
+                            f"to the smaller side of {src('image_shape')}={s.image_shape}")
+    if start % step or h % step or w % step:
+        raise SettingsError(f"{src('prog_step')}={step}: must divide {src('prog_start_side')}={start} and the H,W "
+                            f"of {src('image_shape')}={s.image_shape}")
+    if s.prog_end_epoch < s.prog_start_epoch:
+        raise SettingsError(f"{src('prog_end_epoch')}={s.prog_end_epoch}: must be at least "
+                            f"{src('prog_start_epoch')}={s.prog_start_epoch}")
+    if not s.dali_roi_decode or s.dali_cache_size:
+        raise SettingsError(f"{src('prog_start_side')}={start}: needs the fused decode + crop (--dali-roi-decode 1, "
+                            "no --dali-cache-size): DALI's random_resized_crop takes no per-batch size")
+    if s.normconv and s.input_layout == "NHWC" and s.dtype == "float16":
+        raise SettingsError(f"{src('prog_start_side')}={start}: NormConv's statistics count the pixels of one H,W; "
+                            f"set {src('normconv')}=0")
 
 
 def from_environ(environ):

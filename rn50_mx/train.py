@@ -199,17 +199,24 @@ def warm_up(net, loss_fn, trainer, s, ctx):
     differs from its last run (MXNet 1.9.1 src/imperative/cached_op.cc, StaticForward: `match = match &&
     state.recording == recording`), so the first timed step finds the training graph as the warm-up left it. Then
     the weights, BatchNorm statistics, optimizer states and update count are put back as they were, so the timed run
-    is exactly the run it would have been without the warm-up."""
+    is exactly the run it would have been without the warm-up.
+
+    With progressive resizing every training size is traced, the first epoch's last: the block keeps one static
+    state per device, so each change of shape in the run re-infers shapes and re-allocates that state (cached_op.cc,
+    StaticForward: SetForwardGraph finds the shapes differ, then StaticAllocMemory and StaticInitExec), once per
+    size change; what the warm-up takes off the clock is each shape's first-time cost (cuDNN's algorithm search per
+    shape, MXNet's kernel and memory-pool growth)."""
     params = list(net.collect_params().values())
     saved = [p.data().copy() for p in params]
-    x = mx.nd.zeros(data.batch_shape(s), ctx=ctx, dtype=s.dtype)
-    zeros = mx.io.DataBatch(data=[x], label=[mx.nd.zeros((s.batch_size,), ctx=ctx)])
+    label = mx.nd.zeros((s.batch_size,), ctx=ctx)
     val_x = mx.nd.zeros(data.batch_shape(s, train=False), ctx=ctx, dtype=s.dtype)
     for _ in range(2):
         scores(net, val_x, flip_axis(s)).wait_to_read()  # read before the training graph reuses the static memory
-    for _ in range(2):
-        train_step(net, loss_fn, trainer, zeros)
-        mx.nd.waitall()
+    for hw in reversed(s.train_sizes):  # every size of --prog-start-side's schedule; the first epoch's last
+        zeros = mx.io.DataBatch(data=[mx.nd.zeros(data.batch_shape(s, hw=hw), ctx=ctx, dtype=s.dtype)], label=[label])
+        for _ in range(2):
+            train_step(net, loss_fn, trainer, zeros)
+            mx.nd.waitall()
     for p, value in zip(params, saved):
         p.set_data(value)
     optim.reset_trainer(trainer)

@@ -239,7 +239,8 @@ def test_the_gpu_handover_copies_into_a_ring_after_the_readers_are_done(small_re
     waited = []
     real_wait = data.wait_for_readers
     monkeypatch.setattr(data.iters, "wait_for_readers", lambda array: (waited.append(array), real_wait(array))[1])
-    ring = [buffers[0] for buffers in copied.handover.ring]
+    (only,) = copied.handover.rings.values()  # one size: one ring
+    ring = [buffers[0] for buffers in only]
     sums = []
     for step in range(2 * data.RING + 1):
         a, b = shared.next(), copied.next()

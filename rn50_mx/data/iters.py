@@ -25,13 +25,16 @@ def input_memory(s, val=True):
     def batch(chw):
         return s.batch_size * (int(np.prod(chw)) * np.dtype(s.dtype).itemsize + 4)
 
-    return (s.dali_prefetch_queue + RING) * (batch(s.image_chw) + (batch(s.eval_chw) if val else 0))
+    rings = sum(batch(s.image_chw[:1] + hw) for hw in s.train_sizes)  # a ring per training size
+    return s.dali_prefetch_queue * batch(s.image_chw) + RING * rings + (
+        (s.dali_prefetch_queue + RING) * batch(s.eval_chw) if val else 0)
 
 
-def batch_shape(s, train=True):
-    """(batch, C, H, W) or (batch, H, W, C), as settings.input_layout says: of the training images, or with
-    train=False of the val images (--val-crop)."""
+def batch_shape(s, train=True, hw=None):
+    """(batch, C, H, W) or (batch, H, W, C), as settings.input_layout says: of the training images (at `hw`, one of
+    the progressive sizes, else IMAGE_SHAPE's), or with train=False of the val images (--val-crop)."""
     c, h, w = s.image_chw if train else s.eval_chw
+    h, w = hw or (h, w)
     return (s.batch_size, c, h, w) if s.input_layout == "NCHW" else (s.batch_size, h, w, c)
 
 
@@ -61,18 +64,22 @@ class Handover:
 
     def __init__(self, s, ctx, copy, train=True):
         self.ctx, self.copy, self.wait_seconds, self.engine_seconds = ctx, copy, 0.0, 0.0
-        shapes = ((batch_shape(s, train), s.dtype), ((s.batch_size,), "float32"))
-        self.ring = [[mx.nd.zeros(shape, ctx=ctx, dtype=dtype) for shape, dtype in shapes]
-                     for _ in range(RING if copy else 0)]
-        self.count = 0
+        shapes = [batch_shape(s, train, hw) for hw in (s.train_sizes if train else [None])]
+        self.rings = {shape: [[mx.nd.zeros(shape, ctx=ctx, dtype=s.dtype), mx.nd.zeros((s.batch_size,), ctx=ctx)]
+                              for _ in range(RING)] for shape in (shapes if copy else [])}
+        self.count, self.checked = 0, set()
 
     def arrays(self, images, labels):
         """(data, label) on ctx for one batch of DALI outputs."""
         if not self.copy:
             return share(images).as_in_context(self.ctx), share(labels).reshape((-1,)).as_in_context(self.ctx)
-        buffers = self.ring[self.count % RING]
-        if self.count == 0:
+        shape = (len(images), *images.shape()[0])
+        if shape not in self.rings:  # no ring of a training size: the one of the configured size says why
+            fits((images, labels), next(iter(self.rings.values()))[0])
+        buffers = self.rings[shape][self.count % RING]
+        if shape not in self.checked:
             fits((images, labels), buffers)
+            self.checked.add(shape)
         self.count += 1
         tic = time.perf_counter()
         for array in buffers:
@@ -153,8 +160,9 @@ class BatchIter(mx.io.DataIter):
         data, label = self.produce()
         pad = self.pads[self.position]
         self.position += 1
-        return mx.io.DataBatch(data=[data], label=[label], pad=pad,
-                               provide_data=self.provide_data, provide_label=self.provide_label)
+        desc = self.provide_data[0]
+        return mx.io.DataBatch(data=[data], label=[label], pad=pad, provide_label=self.provide_label,
+                               provide_data=[mx.io.DataDesc(desc.name, data.shape, desc.dtype, desc.layout)])
 
     def produce(self):
         raise NotImplementedError
@@ -169,13 +177,14 @@ class DaliIter(BatchIter):
     skip_record); `skipped` lists their keys, `index` is the .idx in use.
     """
 
-    def __init__(self, s, build, pipe, ctx, rec, idx, train, rank, world):
+    def __init__(self, s, build, pipe, ctx, rec, idx, train, rank, world, sizes=None):
         super().__init__(s, None, None, ctx, train)
         self.build, self.pipe, self.rec, self.idx, self.skip = build, pipe, rec, idx, train and s.skip_bad_records
         self.num_classes, self.index, self.skipped, self.epochs, self.scratch = s.num_classes, idx, [], 0, None
         self.settings, self.train, self.rank, self.world = s, train, rank, world
         self.handover = Handover(s, ctx, copy=ctx.device_type == "gpu", train=train)
         self.built_epochs = 0  # the `epochs` argument the pipeline in use was built with
+        self.sizes = sizes  # with --prog-start-side: the schedule of the train crops' size the pipeline reads
 
     def open(self):
         """The files checked, then the reader's metadata (DALI reads the .idx now) sizes the epoch: train steps as
@@ -196,6 +205,8 @@ class DaliIter(BatchIter):
         else:
             n = s.num_examples or n
             self.pads = [0] * steps_per_epoch(s, world, n)  # every sample is a real image: the reader runs on
+            if self.sizes:
+                self.sizes.steps = len(self.pads)
         self.num_samples = n
         return self
 
@@ -216,6 +227,8 @@ class DaliIter(BatchIter):
         self.skipped.append(bad.record)
         print(f"rn50_mx: {bad}; skipped ({len(self.skipped)} so far on this process)", file=sys.stderr)
         self.leave_out_skipped()
+        if self.sizes:  # the new pipeline counts its batches from 0 again
+            self.sizes.base = self.epochs * len(self.pads) + self.position
         self.pipe = self.build(self.index, len(self.skipped), self.epochs)
         self.built_epochs = self.epochs
 
@@ -223,7 +236,8 @@ class DaliIter(BatchIter):
         """The position, the records skipped so far and the pipeline's own state (DALI's checkpoint: reader
         position and shuffle buffer, every random operator's generator)."""
         return ({"position": self.position, "epochs": self.epochs, "skipped": self.skipped,
-                 "built_epochs": self.built_epochs}, self.pipe.checkpoint())
+                 "built_epochs": self.built_epochs, "built_step": self.sizes.base if self.sizes else 0},
+                self.pipe.checkpoint())
 
     def restore(self, state, pipeline_state):
         """Continue from a `state()`: the pipeline is rebuilt exactly as the one that was saved (index without the
@@ -231,6 +245,8 @@ class DaliIter(BatchIter):
         or shuffle buffer yields other data without a word, then restored from `pipeline_state`."""
         self.position, self.epochs, self.built_epochs = state["position"], state["epochs"], state["built_epochs"]
         self.skipped = list(state["skipped"])
+        if self.sizes:
+            self.sizes.base = state.get("built_step", 0)
         if self.skipped:
             self.leave_out_skipped()
         self.pipe = self.build(self.index, len(self.skipped), self.built_epochs, pipeline_state)
@@ -262,6 +278,20 @@ class DaliIter(BatchIter):
         return arrays
 
 
+class SizeSchedule:
+    """The train crops' [H, W] of each batch DALI makes (config.Settings.train_hw of the batch's epoch), given the
+    pipeline's batch count: DALI's iteration counts the batches since the pipeline was built (`base` steps into the
+    run), so prefetched batches and a pipeline restored from a checkpoint get their own epoch's size. `steps`, the
+    batches of an epoch, is set when the iterator opens (no batch is made before)."""
+
+    def __init__(self, s):
+        self.settings, self.steps, self.base = s, None, 0
+
+    def __call__(self, info):
+        epoch = (self.base + info.iteration) // self.steps
+        return np.tile(np.float32(self.settings.train_hw(epoch)), (self.settings.batch_size, 1))
+
+
 class SyntheticIter(BatchIter):
     """The same batches every step, made once on the device: no I/O, the ceiling the real pipeline aims at."""
 
@@ -284,17 +314,19 @@ def dali_iter(s, train, rank, world, seed, ctx):
     if s.dali_cache_size and s.device != "gpu":
         raise InputError("--dali-cache-size: the decoded-image cache is a GPU decoder feature (--device gpu)")
 
+    sizes = SizeSchedule(s) if train and s.prog_start_side else None
+
     def build(index, attempt, epochs, checkpoint=None):
         """attempt > 0: after a skipped record, with another shuffle than the pipeline that failed, from the shard
         this rank reads in epoch `epochs` (0-based); `checkpoint`: a saved state of such a pipeline."""
         shard = rank if sticks_to_shard(s, train) else (rank + epochs) % world
         pipe = build_pipeline(s, rec, index, train, shard, world, seed + attempt,
-                              ctx.device_id if ctx.device_type == "gpu" else None, checkpoint)
+                              ctx.device_id if ctx.device_type == "gpu" else None, checkpoint, sizes)
         with data_errors(rec, index):
             pipe.build()
         return pipe
 
-    return DaliIter(s, build, build(idx, 0, 0), ctx, rec, idx, train, rank, world)
+    return DaliIter(s, build, build(idx, 0, 0), ctx, rec, idx, train, rank, world, sizes)
 
 
 def build_iters(settings, rank, world, seed, ctx):

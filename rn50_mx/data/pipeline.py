@@ -19,26 +19,37 @@ def nvjpeg_knobs(s):
                 affine=False)
 
 
-def build_pipeline(s, rec, idx, train, shard, world, seed, device_id, checkpoint=None):
+def build_pipeline(s, rec, idx, train, shard, world, seed, device_id, checkpoint=None, sizes=None):
     """The DALI pipeline of one split, reading shard `shard` of `world` first. device_id None runs everything on
     the CPU. With --checkpoint-dir DALI tracks its operators' states (Pipeline.checkpoint()); `checkpoint`, such a
-    state, makes the pipeline continue from it."""
+    state, makes the pipeline continue from it. sizes: with --prog-start-side, the train crops' (H, W) of each
+    batch (see graph)."""
     pipe = Pipeline(batch_size=s.batch_size, num_threads=s.dali_threads, device_id=device_id, seed=seed,
                     prefetch_queue_depth=s.dali_prefetch_queue, exec_dynamic=True,  # see Handover
                     enable_checkpointing=bool(s.checkpoint_dir), checkpoint=checkpoint)
     with pipe:
-        pipe.set_outputs(*graph(s, rec, idx, train, shard, world, gpu=device_id is not None))
+        pipe.set_outputs(*graph(s, rec, idx, train, shard, world, gpu=device_id is not None, sizes=sizes))
     return pipe
 
 
-def graph(s, rec, idx, train, shard, world, gpu):
+def graph(s, rec, idx, train, shard, world, gpu, sizes=None):
     """The operators of one split, defined inside a Pipeline: (images, labels on the images' device, labels on
     the host for their check, source info of each sample).
 
     gpu: decode with nvJPEG ("mixed"), which leaves the images on the GPU for resize and normalize; DALI copies
     the labels to the GPU too, on its stream, within the batch it prefetches.
+
+    sizes: a callable of DALI's BatchInfo giving each sample's [H, W] (float32, batch x 2): the train crop size as
+    an argument input of the resize and the crop, so the size changes between batches in the same graph, readers
+    and shuffle state. DALI calls it with the pipeline's iteration (prefetching runs ahead; a pipeline restored
+    from a checkpoint resumes the count: external_source's docs), so a size is a function of the batch's index.
     """
     c, h, w = s.image_chw if train else s.eval_chw
+    if train and sizes is not None:
+        size = fn.external_source(source=sizes, batch=True, batch_info=True, dtype=types.FLOAT)
+        h, w = size[0], size[1]
+    else:
+        size = [h, w]
     cache = train and s.dali_cache_size > 0  # common/dali.py: the cache sits on the plain decoder, readers skip hits
     crop_area = dict(random_area=[s.min_random_area, s.max_random_area],
                      random_aspect_ratio=[s.min_random_aspect_ratio, s.max_random_aspect_ratio],
@@ -57,7 +68,7 @@ def graph(s, rec, idx, train, shard, world, gpu):
     filt = dict(antialias=s.dali_resize_antialias)  # DALI's linear filter; antialiased unless turned off
     if train and s.dali_roi_decode and not cache:
         images = fn.decoders.image_random_crop(jpegs, **crop_area, **decoder)
-        images = stretch(images, h, w, s)
+        images = stretch(images, h, w, s, size)
     else:
         cached = dict(cache_type="threshold", cache_size=s.dali_cache_size, cache_threshold=0) if cache else {}
         images = fn.decoders.image(jpegs, **cached, **decoder)
@@ -68,7 +79,7 @@ def graph(s, rec, idx, train, shard, world, gpu):
             images = fn.resize(images, resize_shorter=s.val_resize_side, **buffers)
     mirror = fn.random.coin_flip(probability=0.5) if train else False
     images = fn.crop_mirror_normalize(
-        images, mirror=mirror, crop=[h, w], mean=list(MEAN), std=list(STD), pad_output=c == 4,
+        images, mirror=mirror, crop=size, mean=list(MEAN), std=list(STD), pad_output=c == 4,
         dtype=DALI_DTYPES[s.dtype], output_layout="CHW" if s.input_layout == "NCHW" else "HWC",
         bytes_per_sample_hint=s.dali_normalize_buffer_hint)
     return images, labels.gpu() if gpu else labels, labels, fn.get_property(jpegs, key="source_info")
@@ -80,17 +91,18 @@ def sticks_to_shard(s, train):
     return not train or s.dali_cache_size > 0 or s.dali_stick_to_shard
 
 
-def stretch(images, h, w, s):
+def stretch(images, h, w, s, size=None):
     """Each image resized to exactly h x w, its aspect ratio not kept, as the reference's train Resize.
 
     Without antialiasing the filter is plain bilinear (ImageRecordIter's). DALI's perspective warp with a pure
     scale computes the same values as fn.resize(antialias=False), within 1 level, at about half its CPU cost:
-    fn.resize's horizontal pass is scalar code (bench/pipeline.py, "resize alone").
+    fn.resize's horizontal pass is scalar code (bench/pipeline.py, "resize alone"). h, w: numbers, or DataNodes
+    of each sample's side (size: then the DataNode of both, [H, W]).
     """
     if s.dali_resize_antialias:
         return fn.resize(images, resize_x=w, resize_y=h, bytes_per_sample_hint=s.dali_decoder_buffer_hint)
     return fn.experimental.warp_perspective(
-        images, matrix=scale_matrix(images, h, w), size=[h, w], interp_type=types.INTERP_LINEAR, pixel_origin="corner",
+        images, matrix=scale_matrix(images, h, w), size=[h, w] if size is None else size, interp_type=types.INTERP_LINEAR, pixel_origin="corner",
         border_mode="replicate", bytes_per_sample_hint=s.dali_decoder_buffer_hint)
 
 
