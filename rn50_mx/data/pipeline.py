@@ -102,7 +102,8 @@ def stretch(images, h, w, s, size=None):
     if s.dali_resize_antialias:
         return fn.resize(images, resize_x=w, resize_y=h, bytes_per_sample_hint=s.dali_decoder_buffer_hint)
     return fn.experimental.warp_perspective(
-        images, matrix=scale_matrix(images, h, w), size=[h, w] if size is None else size, interp_type=types.INTERP_LINEAR, pixel_origin="corner",
+        images, matrix=scale_matrix(images, h, w), size=[h, w] if size is None else size,
+        interp_type=types.INTERP_LINEAR, pixel_origin="corner",
         border_mode="replicate", bytes_per_sample_hint=s.dali_decoder_buffer_hint)
 
 
