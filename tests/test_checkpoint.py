@@ -29,79 +29,18 @@ import pytest
 from rn50_mx import checkpoint, config, files, model, optim, timing
 from rn50_mx.config import Settings
 from tests.support.mllog import events, values
-from tests.support.procs import assert_one_line_naming, clean_environ, gloo_ranks, wait_for
+from tests.support.procs import assert_one_line_naming, clean_environ, wait_for
+from tests.support.runs import FLAGS, STEPS, argv, assert_same_params, epoch_lines, evaluate, finish, run, start
 from tests.support.timing import edited_fixture, report_of
 
-STEPS = 6  # per epoch: 24 images, batch 4 (2 ranks: batch 2 each)
-FLAGS = dict(num_classes=3, image_shape="3,32,32", batch_size=4, num_examples=24, num_epochs=2, warmup_epochs=1,
-             lr=0.5, eval_offset=0, eval_period=1, min_random_area=0.3, dali_threads=1, seed=7, disp_batches=1,
-             accuracy_threshold=1.0)
 # The compliance checker on a resumed run's log (docs/checkpoints.md): FAILED, first for the second init_start.
 RESUMED_LOG_VERDICT = re.compile(r"^CHECK for 'init_start' failed in line \d+: failed test: not s\['run_started'\] ")
-EPOCH_LINE = re.compile(r"^(?:\[0\]<stdout>:)?epoch (\d+): .*?(loss .*)$", re.M)  # without img/s and data wait
 
 
 @pytest.fixture(scope="module")
 def recs(three_classes):
     """(train .rec, val .rec): 3 Fashion-MNIST classes x 8 photographs; val: 4 of each with their labels."""
     return os.path.join(three_classes, "train.rec"), os.path.join(three_classes, "val.rec")
-
-
-def argv(recs, ranks, **changes):
-    flags = dict(FLAGS, data_train=recs[0], data_val=recs[1])
-    if ranks == 2:
-        flags.update(batch_size=FLAGS["batch_size"] // 2, kv_store="horovod", dgxngpu=2)
-    flags.update(changes)
-    return [f"{config.flag_name(k)}={v}" for k, v in flags.items()]
-
-
-def on_rank_devices(module, *args):
-    """`python -m module ARGS` with each rank's model on cpu(1 + local rank) and mixed contexts refused
-    (tests.support.devices): a checkpoint written on one rank's device and resumed on another's fails here as on an
-    8-GPU node (GPU review 3, F1 and F2)."""
-    return [sys.executable, "-m", "tests.support.devices", module, *args]
-
-
-def start(recs, ranks, out, **changes):
-    """The training run in its own session (1 process, or horovodrun with 2), its output to `out`."""
-    command = on_rank_devices("rn50_mx.train", *argv(recs, ranks, **changes))
-    if ranks == 2:
-        command = [*gloo_ranks(2), *command]
-    with open(out, "w") as f:
-        return subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT, env=clean_environ(),
-                                start_new_session=True)
-
-
-def finish(proc, out, code=0, timeout=300):
-    try:
-        proc.wait(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    text = open(out).read()
-    assert proc.returncode == code, text[-3000:]
-    return text
-
-
-def run(recs, ranks, out, code=0, **changes):
-    return finish(start(recs, ranks, out, **changes), out, code)
-
-
-def params(prefix):
-    return mx.nd.load(prefix + "-0000.params")
-
-
-def assert_same_params(prefix, reference):
-    ours, theirs = params(prefix), params(reference)
-    assert ours.keys() == theirs.keys() and len(ours) > 200
-    for name in ours:
-        assert np.array_equal(ours[name].asnumpy(), theirs[name].asnumpy()), name
-
-
-def epoch_lines(text):
-    """{epoch: 'loss ..., top-1 ..., top-5 ... (N images)'} of rank 0's output."""
-    return {int(e): rest for e, rest in EPOCH_LINE.findall(text)}
 
 
 def rank_pid(proc, rank):
@@ -588,13 +527,6 @@ def test_save_model_is_checked_and_owned_before_the_run(tmp_path):
 
 
 # --- evaluate --------------------------------------------------------------------------------------------------
-
-def evaluate(recs, ranks, *extra, **changes):
-    command = on_rank_devices("rn50_mx.evaluate", *extra, *argv(recs, ranks, **changes))
-    if ranks == 2:
-        command = [*gloo_ranks(2), *command]
-    return subprocess.run(command, env=clean_environ(), capture_output=True, text=True, timeout=240)
-
 
 def assert_evaluates_to(result, top1):
     assert result.returncode == 0, result.stderr[-3000:]

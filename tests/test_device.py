@@ -17,6 +17,7 @@ from rn50_mx import data, dist, train
 from rn50_mx.config import Settings
 from tests.support import devices
 from tests.support.devices import RUN_CONTEXT
+from tests.support.nets import snapshot, trained_parts
 from tests.support.settings import small_settings
 
 
@@ -39,12 +40,6 @@ def run_settings(rec_prefix, **changes):
                                          "warmup_epochs": 1, "seed": 3, **changes})
 
 
-def trained_parts(s, ctx):
-    """A hybridized ResNet-50, its loss and LARS trainer on `ctx`, initialised from a fixed seed."""
-    mx.random.seed(5)
-    return train.parts(s, ctx, data.steps_per_epoch(s, 1), dist.Single().trainer)
-
-
 @pytest.mark.slow
 def test_step_warm_up_and_eval_make_every_array_on_the_run_context(small_rec, strict_contexts):
     """Fails on the old train.evaluate, whose mx.nd.full(1, valid) lived on cpu(0)."""
@@ -56,10 +51,6 @@ def test_step_warm_up_and_eval_make_every_array_on_the_run_context(small_rec, st
     assert loss.context == RUN_CONTEXT
     top1, top5, images = train.evaluate(net, val_it, dist.Single(), 0)
     assert images == 21 and 0 <= top1 <= top5 <= 1
-
-
-def snapshot(net):
-    return {name: p.data().asnumpy() for name, p in net.collect_params().items()}
 
 
 @pytest.mark.slow

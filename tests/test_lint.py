@@ -1,5 +1,6 @@
 """The code passes its linters: shellcheck over the shell scripts, hadolint over the Dockerfile, pyflakes over the
 Python (a name used but never defined fails only on the branch that reaches it)."""
+import ast
 import glob
 import os
 import shutil
@@ -38,3 +39,17 @@ def test_no_undefined_names_or_unused_imports(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     (tmp_path / "undefined.py").write_text("def f():\n    return InputError\n")
     assert subprocess.run([*check, str(tmp_path / "undefined.py")], capture_output=True).returncode != 0
+
+
+def test_no_test_module_imports_another():
+    """Shared helpers live in tests/support (issue 27): a test module that imports another runs that module's
+    fixtures and imports on its own collection, and hides where a helper lives."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "tests", "test_*.py"))):
+        for node in ast.walk(ast.parse(open(path).read())):
+            names = [a.name for a in node.names] if isinstance(node, (ast.Import, ast.ImportFrom)) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            if any(name.startswith("tests.test_") for name in names):
+                found.append(os.path.basename(path))
+    assert found == []

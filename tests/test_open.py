@@ -10,19 +10,11 @@ import pytest
 
 from rn50_mx import checkpoint, config, data, dist, ema, evaluate, memory, model, optim, timing, train
 from rn50_mx.config import Settings
-from tests import test_checkpoint as ckpt
+from tests.support import runs
 from tests.support.mllog import events, values
 from tests.support.procs import assert_one_line_naming, run_train, wait_for
+from tests.support.settings import OPEN, open_settings
 from tests.support.timing import edited_fixture, report_of
-
-OPEN = dict(num_classes=3, image_shape="3,32,32", batch_size=4, dali_threads=1, min_random_area=1.0, seed=3,
-            submission_division="open")
-
-
-def open_settings(three_classes, **changes):
-    return Settings(data_train=os.path.join(three_classes, "train.rec"),
-                    data_val=os.path.join(three_classes, "val.rec"), **dict(OPEN, **changes))
-
 
 # --- eval resolution and flip averaging ---------------------------------------------------------------------
 
@@ -218,24 +210,24 @@ def test_a_run_with_ema_stopped_mid_epoch_resumes_exactly_and_evaluate_uses_its_
     recs = os.path.join(three_classes, "train.rec"), os.path.join(three_classes, "val.rec")
     lever = dict(ema_decay=0.6, ema_every=3, mom_schedule="0:0.5,1.5:0.9", submission_division="open")
     whole_log, whole_folder = str(tmp_path / "whole.log"), str(tmp_path / "whole_ckpt")
-    reference = ckpt.run(recs, 1, tmp_path / "whole.txt", save_model=tmp_path / "whole", mllog_file=whole_log,
+    reference = runs.run(recs, 1, tmp_path / "whole.txt", save_model=tmp_path / "whole", mllog_file=whole_log,
                          checkpoint_dir=whole_folder, checkpoint_every=1, **lever)
     folder, out = str(tmp_path / "ckpt"), tmp_path / "stopped.txt"
-    proc = ckpt.start(recs, 1, out, checkpoint_dir=folder, **lever)
-    wait_for(proc, out, rf"epoch 1 step 1/{ckpt.STEPS}")
+    proc = runs.start(recs, 1, out, checkpoint_dir=folder, **lever)
+    wait_for(proc, out, rf"epoch 1 step 1/{runs.STEPS}")
     proc.send_signal(signal.SIGTERM)
-    ckpt.finish(proc, out, code=checkpoint.RESUMABLE_EXIT)
-    assert os.path.exists(os.path.join(folder, f"step-{ckpt.STEPS + 2}", "rank0.ema"))
-    text = ckpt.run(recs, 1, tmp_path / "resumed.txt", checkpoint_dir=folder, save_model=tmp_path / "resumed",
+    runs.finish(proc, out, code=checkpoint.RESUMABLE_EXIT)
+    assert os.path.exists(os.path.join(folder, f"step-{runs.STEPS + 2}", "rank0.ema"))
+    text = runs.run(recs, 1, tmp_path / "resumed.txt", checkpoint_dir=folder, save_model=tmp_path / "resumed",
                     **lever)
-    ckpt.assert_same_params(str(tmp_path / "resumed"), str(tmp_path / "whole"))
-    ours, theirs = ckpt.epoch_lines(text), ckpt.epoch_lines(reference)
+    runs.assert_same_params(str(tmp_path / "resumed"), str(tmp_path / "whole"))
+    ours, theirs = runs.epoch_lines(text), runs.epoch_lines(reference)
     assert ours[2] == theirs[2] and "top-1" in ours[2]
     # python -m rn50_mx.evaluate on the checkpoint after epoch 1 gives that epoch's eval: the EMA's figure
-    result = ckpt.evaluate(recs, 1, checkpoint_dir=whole_folder, **lever)
+    result = runs.evaluate(recs, 1, checkpoint_dir=whole_folder, **lever)
     assert f"top-1 {values(events(whole_log), 'eval_accuracy')[0]!r}, " in result.stdout, result.stderr[-2000:]
-    step = os.path.join(whole_folder, f"step-{ckpt.STEPS}")
-    net = evaluate.from_checkpoint(config.load(ckpt.argv(recs, 1, **lever)), whole_folder, mx.cpu())
+    step = os.path.join(whole_folder, f"step-{runs.STEPS}")
+    net = evaluate.from_checkpoint(config.load(runs.argv(recs, 1, **lever)), whole_folder, mx.cpu())
     averages, live = mx.nd.load(os.path.join(step, "rank0.ema")), mx.nd.load(os.path.join(step, "params"))
     for name, p in net.collect_params().items():
         assert np.array_equal(p.data().asnumpy(), averages[name].asnumpy()), name

@@ -10,11 +10,11 @@ import pytest
 
 from rn50_mx import check, checkpoint, config, data, train
 from rn50_mx.errors import InputError
-from tests import test_checkpoint as ckpt
+from tests.support import runs
 from tests.support.mllog import events, values
 from tests.support.procs import wait_for
-from tests.test_device import snapshot, trained_parts
-from tests.test_open import open_settings
+from tests.support.nets import snapshot, trained_parts
+from tests.support.settings import open_settings
 
 RAMP = dict(image_shape="3,64,64", prog_start_side=32, prog_start_epoch=0, prog_end_epoch=2, prog_step=16,
             num_epochs=3, warmup_epochs=0, eval_offset=0)
@@ -122,17 +122,17 @@ def test_a_run_stopped_mid_ramp_resumes_with_the_same_sizes_bit_identical(three_
     recs = os.path.join(three_classes, "train.rec"), os.path.join(three_classes, "val.rec")
     lever = dict(image_shape="3,64,64", prog_start_side=32, prog_end_epoch=2, prog_step=16, submission_division="open")
     log = str(tmp_path / "whole.log")
-    reference = ckpt.run(recs, 1, tmp_path / "whole.txt", save_model=tmp_path / "whole", mllog_file=log, **lever)
+    reference = runs.run(recs, 1, tmp_path / "whole.txt", save_model=tmp_path / "whole", mllog_file=log, **lever)
     assert values(events(log), "prog_start_side") == [32] and values(events(log), "prog_step") == [16]
     folder, out = str(tmp_path / "ckpt"), tmp_path / "stopped.txt"
-    proc = ckpt.start(recs, 1, out, checkpoint_dir=folder, **lever)
-    wait_for(proc, out, rf"epoch 1 step 1/{ckpt.STEPS}")
+    proc = runs.start(recs, 1, out, checkpoint_dir=folder, **lever)
+    wait_for(proc, out, rf"epoch 1 step 1/{runs.STEPS}")
     proc.send_signal(signal.SIGTERM)
-    ckpt.finish(proc, out, code=checkpoint.RESUMABLE_EXIT)
-    text = ckpt.run(recs, 1, tmp_path / "resumed.txt", checkpoint_dir=folder, save_model=tmp_path / "resumed", **lever)
-    ckpt.assert_same_params(str(tmp_path / "resumed"), str(tmp_path / "whole"))
-    ours, theirs = ckpt.epoch_lines(text), ckpt.epoch_lines(reference)
+    runs.finish(proc, out, code=checkpoint.RESUMABLE_EXIT)
+    text = runs.run(recs, 1, tmp_path / "resumed.txt", checkpoint_dir=folder, save_model=tmp_path / "resumed", **lever)
+    runs.assert_same_params(str(tmp_path / "resumed"), str(tmp_path / "whole"))
+    ours, theirs = runs.epoch_lines(text), runs.epoch_lines(reference)
     assert ours[2] == theirs[2] and "top-1" in ours[2]
     # the same stop with every batch at 64 px ends elsewhere: the sizes are what made the runs equal
-    flat = ckpt.run(recs, 1, tmp_path / "flat.txt", image_shape="3,64,64")
-    assert ckpt.epoch_lines(flat)[2] != theirs[2]
+    flat = runs.run(recs, 1, tmp_path / "flat.txt", image_shape="3,64,64")
+    assert runs.epoch_lines(flat)[2] != theirs[2]

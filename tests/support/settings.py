@@ -1,5 +1,7 @@
-"""Settings shared by the tests: the launchers' tiny variables (launch, trial and Slurm tests, bench/slurm.py) and the
-small settings object of the unit tests."""
+"""Settings shared by the tests: the launchers' tiny variables (launch, trial and Slurm tests, bench/slurm.py), the
+small settings object of the unit tests and the open-division lever tests' settings."""
+import os
+
 from rn50_mx.config import Settings
 from tests.support.data import TINY_CLASSES
 
@@ -14,3 +16,13 @@ def small_settings(rec_prefix, **changes):
     """config/CPU.sh shrunk to conftest's 21-image small_rec: 3 classes at 32x32, batch 4, one DALI thread."""
     return Settings(**{"data_train": rec_prefix + ".rec", "num_classes": 3, "image_shape": "3,32,32", "batch_size": 4,
                        "dali_threads": 1, "seed": 1, **changes})
+
+
+# The open-division lever tests' run (test_open, test_progressive): the three_classes set at 32x32, logged as open.
+OPEN = dict(num_classes=3, image_shape="3,32,32", batch_size=4, dali_threads=1, min_random_area=1.0, seed=3,
+            submission_division="open")
+
+
+def open_settings(three_classes, **changes):
+    return Settings(data_train=os.path.join(three_classes, "train.rec"),
+                    data_val=os.path.join(three_classes, "val.rec"), **dict(OPEN, **changes))
