@@ -442,6 +442,9 @@ def check_progressive(s, src):
     if s.prog_end_epoch < s.prog_start_epoch:
         raise SettingsError(f"{src('prog_end_epoch')}={s.prog_end_epoch}: must be at least "
                             f"{src('prog_start_epoch')}={s.prog_start_epoch}")
+    if s.synthetic:
+        raise SettingsError(f"{src('prog_start_side')}={start}: --synthetic feeds one batch of IMAGE_SHAPE throughout; "
+                            "progressive resizing needs the real pipeline")
     if not s.dali_roi_decode or s.dali_cache_size:
         raise SettingsError(f"{src('prog_start_side')}={start}: needs the fused decode + crop (--dali-roi-decode 1, "
                             "no --dali-cache-size): DALI's random_resized_crop takes no per-batch size")

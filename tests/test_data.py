@@ -340,6 +340,21 @@ def test_after_a_skip_the_reader_stays_in_step_with_the_other_ranks(unique_rec, 
     assert any(label < 10 for label in epochs[2]) and 15 not in epochs[2], epochs
 
 
+def test_after_a_skip_the_progressive_sizes_still_follow_the_epochs(unique_rec, tmp_path):
+    """A bad record in epoch 1 of a 32 -> 48 -> 64 px ramp rebuilds the pipeline mid-epoch, and the new one counts
+    its batches from 0: the iterator's base step keeps each epoch at its own size (a base of 0 would train the start
+    of epoch 2 at 32 px)."""
+    bad = with_bad_records(unique_rec, str(tmp_path / "bad"), {9}, "truncated")
+    s = settings_for(bad, num_classes=21, skip_bad_records=True, image_shape="3,64,64", prog_start_side=32,
+                     prog_end_epoch=2, prog_step=16, submission_division="open")
+    train, _ = data.make_iters(s, 0, 1, 1, mx.cpu())
+    shapes = []
+    for _ in range(3):
+        train.reset()
+        shapes.append({tuple(batch.data[0].shape[2:]) for batch in train})
+    assert train.skipped == [9] and shapes == [{(32, 32)}, {(48, 48)}, {(64, 64)}], shapes
+
+
 def test_a_label_outside_the_classes_is_named(small_rec, tmp_path):
     bad = rewrite_rec(small_rec, str(tmp_path / "labels"),
                       lambda key, header, image: (header._replace(label=7.0) if key == 9 else header, image))

@@ -70,6 +70,7 @@ def test_the_warm_up_trains_at_every_size_the_first_epoch_s_last_and_leaves_the_
       "RN50_PROG_END_EPOCH": "2"}, "RN50_PROG_END_EPOCH"),
     ({"RN50_PROG_START_SIDE": "32", "RN50_PROG_STEP": "0"}, "RN50_PROG_STEP"),
     ({"RN50_PROG_START_SIDE": "32", "RN50_PROG_STEP": "16", "DALI_ROI_DECODE": "0"}, "RN50_PROG_START_SIDE"),
+    ({"RN50_PROG_START_SIDE": "32", "RN50_PROG_STEP": "16", "SYNTHETIC": "1"}, "RN50_PROG_START_SIDE"),
     ({"RN50_PROG_START_SIDE": "32", "RN50_PROG_STEP": "16", "DTYPE": "float16", "INPUT_LAYOUT": "NHWC",
       "DEVICE": "gpu"}, "RN50_PROG_START_SIDE"),  # NormConv counts one H,W
 ])
