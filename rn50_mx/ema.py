@@ -98,7 +98,10 @@ class EMA:
     @contextlib.contextmanager
     def swapped_in(self):
         """The network runs with the averaged parameters (cast to each parameter's dtype) inside the block, and
-        with its own again after it: device copies only."""
+        with its own again after it: device copies only. The copies of the BatchNorm statistics wait for every queued
+        operation first: the last backward may still be writing them, and the engine does not know it (the module's
+        docstring; a 1-rank run has no statistics allreduce that waits)."""
+        mx.nd.waitall()
         for p in self.params:
             p.data().copyto(self.live[p.name])
             mx.nd.cast(self.average[p.name], dtype=p.dtype, out=p.data())
