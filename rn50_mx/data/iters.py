@@ -74,7 +74,7 @@ class Handover:
         if not self.copy:
             return share(images).as_in_context(self.ctx), share(labels).reshape((-1,)).as_in_context(self.ctx)
         shape = (len(images), *images.shape()[0])
-        if shape not in self.rings:  # no ring of a training size: the one of the configured size says why
+        if shape not in self.rings:  # a size the schedule does not make: the check against a ring names it
             fits((images, labels), next(iter(self.rings.values()))[0])
         buffers = self.rings[shape][self.count % RING]
         if shape not in self.checked:
