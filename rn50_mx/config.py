@@ -309,7 +309,9 @@ def open_levers(s):
 def momentum_points(text):
     """[(epoch, momentum), ...] parsed from EPOCH:MOMENTUM,...; ValueError says what is wrong in a few words."""
     points = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
+    if not text.strip():
+        return points
+    for item in (part.strip() for part in text.split(",")):
         epoch, sep, momentum = item.partition(":")
         try:
             point = float(epoch), float(momentum)

@@ -237,7 +237,7 @@ def test_a_run_with_ema_stopped_mid_epoch_resumes_exactly_and_evaluate_uses_its_
 # --- momentum schedule -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("text", ["0.9", "0:1.0", "0:-0.1", "2:0.9,1:0.95", "1:0.9,1:0.95", "-1:0.9", "x:0.9",
-                                  "0:nan", "0:0.9;1:0.9"])
+                                  "0:nan", "0:0.9;1:0.9", " , ", "0:0.9,,1:0.95"])
 def test_bad_momentum_schedules_are_one_line(text):
     with pytest.raises(config.SettingsError, match="^RN50_MOM_SCHEDULE=.*: .+") as err:
         config.load([], {"RN50_MOM_SCHEDULE": text, "SUBMISSION_DIVISION": "open"})
