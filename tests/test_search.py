@@ -19,7 +19,8 @@ from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_nami
 from rn50_mx import files, timing
 from rn50_mx.config import Settings
 from rn50_mx.errors import InputError
-from rn50_mx.search import trials
+from rn50_mx.search import space, trials
+from rn50_mx.search.driver import SEARCH_SEEDS, final_seeds
 
 TINY = dict(NUM_CLASSES="3", BATCHSIZE="4", NUMEXAMPLES="24", NUMEPOCHS="3", WARMUP_EPOCHS="1", LR="0.5",
             EVAL_PERIOD="2", EVAL_OFFSET="1", MIN_RANDOM_AREA="0.3", DALI_THREADS="1", ACCURACY_THRESHOLD="0.3",
@@ -67,6 +68,15 @@ def study_trials(tmp_path):
     return study.get_trials()
 
 
+def test_each_study_judges_its_finalists_on_its_own_fresh_seeds():
+    """The open study after the closed one must not compare its sets on the seeds the closed one chose by (the
+    demo's LR 4.8 won on 900000-900004); the same study keeps its seeds, and none is a search seed."""
+    closed, opened = final_seeds("demo-closed", 5), final_seeds("demo-open", 5)
+    assert not set(closed) & set(opened)
+    assert final_seeds("demo-open", 5) == opened and len(set(opened)) == 5
+    assert min(closed + opened) > SEARCH_SEEDS + 16 * 10_000  # a search of 10,000 trials stays below
+
+
 @pytest.mark.slow
 def test_a_tiny_search_finds_the_better_set_and_writes_a_fragment_the_check_accepts(tiny_data, tmp_path):
     """Two trials (the sourced settings, then the plan's EVAL_OFFSET step), the winner and the sourced set on two
@@ -89,7 +99,7 @@ def test_a_tiny_search_finds_the_better_set_and_writes_a_fragment_the_check_acce
     assert result.stdout.count("compliance checker: 0/2 SUCCESS (Failed checks for eval_accuracy") == 2
     seeds = {name for name in os.listdir(tmp_path / "res" / "finals" / "trial-1")} | {
         name for name in os.listdir(tmp_path / "res" / "finals" / "sourced")}
-    assert {s for s in seeds if s.endswith(".log")} == {"seed900000.log", "seed900001.log"}
+    assert {s for s in seeds if s.endswith(".log")} == {f"seed{k}.log" for k in final_seeds("CPU", 2)}
     fragment = tmp_path / "cfg" / "CPU_hparams.sh"
     assert fragment.read_text().splitlines()[-1] == "export EVAL_OFFSET=0"
     assert os.path.getsize(tmp_path / "res" / "CPU.png") > 0
@@ -274,3 +284,19 @@ def test_the_plan_needs_no_data(tmp_path):
     assert "space: NUMEPOCHS 2..4, LR 0.25..1, WARMUP_EPOCHS 0..2" in result.stdout
     assert "cost at most: 42 epochs of training" in result.stdout  # (4 trials + 2 sets x 5 seeds) x 3 epochs
     assert not (tmp_path / "res").exists()
+
+
+def test_open_mode_plans_the_knobs_in_the_order_given_with_the_levers_steps(tmp_path):
+    """Open mode: the plan moves the knobs in the --knob order (the levers first if the user puts them first),
+    the weight EMA to set decays; closed mode keeps the horizon-first order whatever the order given."""
+    env = {k: v for k, v in environ("", **{"DATADIR": ""}).items() if k != "DATADIR"}
+    knobs = ["--knob", "RN50_EMA_DECAY=0:0.99", "--knob", "BATCHSIZE=2:8", "--knob", "LR=0.25:1"]
+    result = search(tmp_path, env, "--dry-run", "--mode", "open", *knobs)
+    assert result.returncode == 0, result.stderr
+    assert "2. the plan, each phase around the best so far: RN50_EMA_DECAY 0.9, 0.97; BATCHSIZE x0.5, x2; " \
+           "LR x0.8, x0.9, x1.1, x1.2" in result.stdout
+    closed = search(tmp_path, env, "--dry-run", "--knob", "LR=0.25:1", "--knob", "NUMEPOCHS=2:4")
+    assert "so far: NUMEPOCHS -2, -1, +1; LR x0.8" in closed.stdout
+    ema = space.parse_knob("RN50_EMA_DECAY=0:0.99", "open")
+    assert space.planned({"RN50_EMA_DECAY": 0.0}, [ema], space.phases([ema], "open")[0]) == [
+        {"RN50_EMA_DECAY": 0.9}, {"RN50_EMA_DECAY": 0.97}]

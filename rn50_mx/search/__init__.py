@@ -155,7 +155,7 @@ def search(s, args, knobs):
             return 1 if args.finalists else 0
         sets = [("sourced", space.start(s, knobs))] + [(f"trial {t.number}", {k.env: t.params[k.env] for k in knobs})
                                                       for t in best if t.params != space.start(s, knobs)]
-        seeds = [driver.FINAL_SEEDS + k for k in range(args.final_seeds)]
+        seeds = driver.final_seeds(args.study, args.final_seeds)
         rows = finals.run_sets(s, sets, knobs, seeds, os.path.join(args.results, "finals"), args,
                                mlperf_rules.DEFAULT_RULESET)
         table = {name: (params, rows[name]) for name, params in sets}

@@ -2,12 +2,20 @@
 prunes them on their eval curves, and survives its own death: each trial's process groups are in the study before
 they run, so a restarted driver ends what is left of them and runs those trials again."""
 import time
+import zlib
 from statistics import mean
 
 from ..errors import InputError
 from . import launchers, output, space, trials
 
 SEARCH_SEEDS, FINAL_SEEDS = 100_000, 900_000  # disjoint: a finalist is never measured on a search seed
+
+
+def final_seeds(study, count):
+    """The finalists' fresh seeds: from FINAL_SEEDS, at an offset drawn from the study's name, so that a second
+    study (the open search after the closed one) does not judge its sets on seeds an earlier study chose by."""
+    base = FINAL_SEEDS + 16 * (zlib.crc32(study.encode()) % 4096)
+    return [base + k for k in range(count)]
 
 
 class Slot:
@@ -68,8 +76,9 @@ class Driver:
         import optuna
 
         waiting = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
-        while not waiting and self.phase < len(space.PHASES):
-            points = space.planned(self.best_params(), self.knobs, self.phase)
+        plan = space.phases(self.knobs, self.args.mode)
+        while not waiting and self.phase < len(plan):
+            points = space.planned(self.best_params(), self.knobs, plan[self.phase])
             self.phase += 1
             for point in points:
                 if not self.seen(point):

@@ -40,8 +40,8 @@ def plan_text(s, knobs, args):
                                    for k in knobs),
              f"1. the sourced settings: {params_text(space.start(s, knobs))}",
              "2. the plan, each phase around the best so far: " + "; ".join(
-                 f"{env} {', '.join(f'{v:+g}' if how == 'add' else f'x{v:g}' for v in steps)}"
-                 for env, steps, how in space.PHASES if any(k.env == env for k in knobs)),
+                 f"{env} {', '.join({'add': f'{v:+g}', 'times': f'x{v:g}', 'set': f'{v:g}'}[how] for v in steps)}"
+                 for env, steps, how in space.phases(knobs, args.mode)),
              "3. then a seeded TPE sampler over the space, up to the budget",
              f"budget: {args.trials} trials of {args.seeds_per_trial} seed(s) or {args.hours:g} h, {args.parallel} at "
              f"once; pruning: a diverging run at once, a run behind the best curve after {args.prune_share:.0%} of "

@@ -18,9 +18,19 @@ BY_ENV = {f.metadata["env"]: f for f in config.FIELDS.values() if f.metadata["en
 # about 2 epochs before its end; one too long cost submitters 4-8 epochs), then the learning rate within +-10-20%,
 # then the warmup, then the weight decay one lattice step each way, then where the evals fall (the offset: the same
 # run scores the epoch of the first eval at or past its convergence).
-PHASES = (("NUMEPOCHS", (-2, -1, 1), "add"), ("LR", (0.8, 0.9, 1.1, 1.2), "times"),
-          ("WARMUP_EPOCHS", (-1, 1), "add"), ("WD", (0.5, 2.0), "times"), ("EVAL_OFFSET", (-1, 1, -2, 2, -3, 3), "add"))
+PHASES = {"NUMEPOCHS": ((-2, -1, 1), "add"), "LR": ((0.8, 0.9, 1.1, 1.2), "times"), "WARMUP_EPOCHS": ((-1, 1), "add"),
+          "WD": ((0.5, 2.0), "times"), "EVAL_OFFSET": ((-1, 1, -2, 2, -3, 3), "add"),
+          # open levers: the batch halved and doubled; label smoothing +-0.05 (MosaicML's 0.08 lies between); the
+          # weight EMA at half-lives of about 7 and 23 updates (decay per update)
+          "BATCHSIZE": ((0.5, 2.0), "times"), "LABELSMOOTHING": ((-0.05, 0.05), "add"),
+          "RN50_EMA_DECAY": ((0.9, 0.97), "set")}
 
+
+def phases(knobs, mode):
+    """The plan's order: the closed knobs in PHASES' order; in open mode the knobs in the order given (--knob), the
+    user's guess of what pays first. Knobs without steps are left to the sampler."""
+    envs = [k.env for k in knobs] if mode == "open" else [env for env in PHASES if any(k.env == env for k in knobs)]
+    return [(env, *PHASES[env]) for env in envs if env in PHASES]
 
 @dataclass(frozen=True)
 class Knob:
@@ -104,14 +114,13 @@ def check_start(params, knobs, mode):
 
 
 def planned(best, knobs, phase):
-    """The points of plan phase `phase` around the best params so far: one knob moved at a time, kept in its range."""
-    env, steps, how = PHASES[phase]
-    knob = next((k for k in knobs if k.env == env), None)
-    if knob is None:
-        return []
+    """The points of the plan's phase `phase` (one of `phases`) around the best params so far: one knob moved at a
+    time, kept in its range."""
+    env, steps, how = phase
+    knob = next(k for k in knobs if k.env == env)
     points = []
     for step in steps:
-        value = best[env] + step if how == "add" else best[env] * step
+        value = {"add": best[env] + step, "times": best[env] * step, "set": step}[how]
         value = int(round(value)) if knob.integer else value if knob.lattice else round(value, 6)
         if knob.holds(value) and value != best[env]:
             points.append({**best, env: value})
