@@ -119,12 +119,15 @@ def test_the_gpu_hand_over_copies_each_size_into_its_own_buffers(three_classes):
 def test_a_run_stopped_mid_ramp_resumes_with_the_same_sizes_bit_identical(three_classes, tmp_path):
     """SIGTERM in epoch 1 of 2 (at 48 px of a 32 -> 64 ramp): the resumed run's pipeline, restored from DALI's
     checkpoint, counts its batches on from the saved one, so its sizes and so its evals and final weights equal the
-    uninterrupted run's bit for bit; the log names the lever's values."""
+    uninterrupted run's bit for bit; the log names the lever's values; the saved model, trained at two sizes,
+    evaluates fresh at the eval size to the run's last logged top-1."""
     recs = os.path.join(three_classes, "train.rec"), os.path.join(three_classes, "val.rec")
     lever = dict(image_shape="3,64,64", prog_start_side=32, prog_end_epoch=2, prog_step=16, submission_division="open")
     log = str(tmp_path / "whole.log")
     reference = runs.run(recs, 1, tmp_path / "whole.txt", save_model=tmp_path / "whole", mllog_file=log, **lever)
     assert values(events(log), "prog_start_side") == [32] and values(events(log), "prog_step") == [16]
+    scored = runs.evaluate(recs, 1, "--model", str(tmp_path / "whole"), **lever)
+    assert f"top-1 {values(events(log), 'eval_accuracy')[-1]!r}, " in scored.stdout, scored.stderr[-2000:]
     folder, out = str(tmp_path / "ckpt"), tmp_path / "stopped.txt"
     proc = runs.start(recs, 1, out, checkpoint_dir=folder, **lever)
     wait_for(proc, out, rf"epoch 1 step 1/{runs.STEPS}")
