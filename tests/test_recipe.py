@@ -11,6 +11,7 @@ import pytest
 
 from tests.support.procs import ROOT, assert_one_line_naming, bash, sourced
 from rn50_mx import config, recipe, train
+from rn50_mx.errors import InputError
 
 # Fields of `python -m rn50_mx.check`'s listing that make the recipe and the machine's shape.
 RECIPE_FLAGS = ("--batch-size", "--lr", "--end-lr", "--warmup-epochs", "--num-epochs", "--mom", "--wd", "--lars-eta",
@@ -274,3 +275,110 @@ def test_the_command_in_the_config_s_comment_stays_one_line(tmp_path):
     assert "cfg\\ntouch ran" in comment
     assert bash(f"cd {tmp_path} && source '{folder / 'ODD.sh'}' >/dev/null").returncode == 0
     assert not (tmp_path / "ran").exists()
+
+
+# --- --division open ---------------------------------------------------------------------------------------------
+EIGHT = ("--nodes", "1", "--gpus-per-node", "8")
+# What the open block changes beside the closed recipe (RN50_PROG_STEP and VAL_RESIZE keep their defaults, 32 and 256).
+OPEN_CHANGES = {"val_crop", "eval_flip", "ema_decay", "ema_every", "prog_start_side", "prog_start_epoch",
+                "prog_end_epoch", "image_shape", "normconv", "label_smoothing", "submission_division",
+                "dgxsystem"}
+
+
+def written_settings(path):
+    """The settings training resolves after sourcing the config at `path`, as the launchers source it (validated:
+    a config the settings refuse fails here)."""
+    result = bash(f'set -euo pipefail; source "{path}"; env -0')
+    assert result.returncode == 0, result.stderr
+    environ = dict(item.split("=", 1) for item in result.stdout.split("\0") if "=" in item)
+    return config.load([], environ)
+
+
+def test_open_config_is_the_closed_recipe_plus_a_marked_block_of_the_published_levers(config_dir, capsys):
+    """--division open writes <name>_open: the closed recipe's values, and the open levers at FFCV's and MosaicML's
+    values, marked open in the file and in the recipe's words; the settings accept it and log it as open."""
+    recipe.main([*EIGHT, "--config-dir", str(config_dir), "--system", "CLOSED"])
+    closed_words = capsys.readouterr().out
+    recipe.main([*EIGHT, "--config-dir", str(config_dir), "--division", "open"])
+    words = capsys.readouterr().out
+    path = config_dir / "custom_1x8x408_open.sh"
+    text = path.read_text()
+    closed, s = written_settings(config_dir / "CLOSED.sh"), written_settings(path)
+    differ = {f for f in config.FIELDS if getattr(s, f) != getattr(closed, f)}
+    assert differ == OPEN_CHANGES, differ
+    assert set(config.open_levers(s)) == {"val_crop", "eval_flip", "ema_decay", "ema_every", "prog_start_side",
+                                          "prog_start_epoch", "prog_end_epoch", "prog_step"}
+    # FFCV: 160 -> 192 px, 192 from 19/24 of the horizon (here 37: epoch 29), eval crop 256 of a 292.6 px resize
+    # (ours rounds: 293), flip averaging; MosaicML: EMA every 20 updates at Composer v0.7.0-RC1's half-life of 100
+    # batches, label smoothing 0.08
+    assert s.num_epochs == 37 and s.image_chw == (4, 192, 192) and s.train_sizes == [(160, 160), (192, 192)]
+    assert [s.train_hw(e)[0] for e in (0, 28, 29, 38)] == [160, 160, 192, 192]
+    assert (s.eval_chw, s.val_resize_side, s.eval_flip) == ((4, 256, 256), 293, True)
+    assert (s.ema_every, s.ema_decay, s.label_smoothing) == (20, 0.8706, 0.08)
+    assert 0.5 ** (20 / 100) == pytest.approx(s.ema_decay, abs=5e-5)
+    assert (s.normconv, s.submission_division) == (False, "open")
+    assert "NOT MLPerf-closed" in text and "# OPEN DIVISION" in text.splitlines()[1]
+    block = text[text.index("export SUBMISSION_DIVISION=open"):]
+    assert all("  # " in line for line in block.splitlines()[1:] if line.startswith("export "))
+    assert all(len(line) <= 120 or "/" in line for line in text.splitlines())
+    # the words: the closed recipe's, then that it is open, each lever with its source on one line, the horizon
+    assert words.startswith(closed_words.split("\nmemory: ")[0])
+    lines = words.splitlines()
+    assert any(line.startswith("division: OPEN: open-division starting values, not MLPerf-closed") for line in lines)
+    for lever, source in (("progressive resizing", "FFCV"), ("eval resolution", "FFCV"), ("flip averaging", "FFCV"),
+                          ("weight EMA", "MosaicML"), ("label smoothing", "MosaicML")):
+        [line] = [line for line in lines if line.startswith(f"  {lever}: ")]
+        assert f"({source}: " in line
+    assert any("costs NormConv (RN50_NORMCONV=0" in line for line in lines)
+    assert any("python -m rn50_mx.search --mode open` is how to shorten it" in line for line in lines)
+
+
+def test_default_division_writes_what_closed_writes(config_dir, capsys):
+    """The closed config is unchanged by the open option: the default and --division closed write the same bytes
+    (but for the command in the comment) and the same words; neither mentions the open division."""
+    flags = [*EIGHT, "--config-dir", str(config_dir), "--system", "SAME", "--force"]
+    recipe.main(flags)
+    default, default_words = (config_dir / "SAME.sh").read_bytes(), capsys.readouterr().out
+    recipe.main(flags + ["--division", "closed"])
+    closed, closed_words = (config_dir / "SAME.sh").read_bytes(), capsys.readouterr().out
+    assert closed.replace(b" --division closed", b"") == default and closed_words == default_words
+    assert b"SUBMISSION_DIVISION" not in default and b"OPEN" not in default and "OPEN" not in default_words
+
+
+def test_a_bad_division_is_one_line(config_dir):
+    assert_one_line_naming(run_recipe(config_dir, *EIGHT, "--division", "bogus"), "--division: invalid choice")
+    assert os.listdir(config_dir) == ["gpu_common.sh"]
+
+
+def test_an_existing_open_config_is_kept_unless_forced(config_dir, capsys):
+    flags = [*EIGHT, "--config-dir", str(config_dir), "--division", "open"]
+    recipe.main(flags)
+    path = config_dir / "custom_1x8x408_open.sh"
+    path.write_text(path.read_text() + "# the user's edit\n")
+    before = path.read_text()
+    with pytest.raises(InputError, match="custom_1x8x408_open.sh: exists; the config there is kept"):
+        recipe.main(flags)
+    assert path.read_text() == before
+    recipe.main(flags + ["--force"])
+    assert "the user's edit" not in path.read_text()
+    assert sorted(os.listdir(config_dir)) == ["custom_1x8x408_open.sh", "gpu_common.sh"]
+
+
+@pytest.mark.parametrize("horizon", [35, 37, 48])
+def test_the_ramp_scales_with_the_horizon_as_ffcv_s_24_epochs(horizon):
+    """FFCV's 24-epoch run trains its last 5 epochs at 192 px (rounding to the nearest 32 between start_ramp 17 and
+    end_ramp 20); the open config's ramp keeps that share of the horizon (to an epoch)."""
+    exports = {env: value for lever in recipe.open_division.levers(horizon) for env, value, _ in lever.exports}
+    start, end = exports["RN50_PROG_START_EPOCH"], exports["RN50_PROG_END_EPOCH"]
+    assert start < end < horizon
+    assert abs(start / horizon - 17 / 24) <= 0.5 / horizon and abs((horizon - end) / horizon - 5 / 24) <= 0.5 / horizon
+
+
+def test_check_lists_the_open_config_s_levers(config_dir):
+    """`python -m rn50_mx.check` after sourcing the open config, as the launchers run it: accepted, every lever on."""
+    assert run_recipe(config_dir, "--nodes", "1", "--gpus-per-node", "4", "--division", "open").returncode == 0
+    result = bash(f"set -euo pipefail; source {config_dir}/custom_1x4x408_open.sh; python -m rn50_mx.check")
+    assert result.returncode == 0, result.stderr
+    [line] = [line for line in result.stdout.splitlines() if line.startswith("open-division levers: ")]
+    assert line == ("open-division levers: --val-crop 256, --eval-flip True, --ema-decay 0.8706, --ema-every 20, "
+                    "--prog-start-side 160, --prog-start-epoch 25, --prog-end-epoch 28, --prog-step 32")

@@ -21,6 +21,7 @@ from .. import anchors, config, memory
 from ..mlperf_rules import (BENCHMARK, DEFAULT_RULESET, PRUNED, PUBLISHED, USAGE, horizon_epochs, load_checker,
                             rcp_file, rulesets)
 from ..errors import InputError
+from . import open_division
 from .check import place, verdict
 from .choosing import Recipe, choose, interpolate, mode_epoch, whole_epochs
 from .output import config_text, describe, memory_line, write_config
@@ -55,6 +56,10 @@ def parse_args(argv=None):
     parser.add_argument("--system", help="config name (default custom_<nodes>x<gpus>x<batch>)")
     parser.add_argument("--config-dir", default="config", help="where the configs and gpu_common.sh are")
     parser.add_argument("--force", action="store_true", help="replace an existing config/<NAME>.sh")
+    parser.add_argument("--division", choices=("closed", "open"), default="closed",
+                        help="closed: MLPerf's closed rules (default); open: the closed recipe plus the open-division "
+                             "levers at the published open runs' values, logged and scored as open (default name "
+                             "<NAME>_open)")
     args = parser.parse_args(argv)
     for flag in ("nodes", "gpus_per_node", "max_batch_per_gpu", "cores_per_node"):
         if getattr(args, flag) < 1:
@@ -87,12 +92,17 @@ def main(argv=None):
         speed, speed_source = args.img_per_sec_per_gpu, "yours"
     else:
         speed, speed_source = gpu.img_per_s, f"{gpu.label} in the MLPerf logs"
-    name = args.system or f"custom_{recipe.nodes}x{recipe.gpus_per_node}x{recipe.batch_per_gpu}"
+    name = args.system or (f"custom_{recipe.nodes}x{recipe.gpus_per_node}x{recipe.batch_per_gpu}"
+                           + ("_open" if args.division == "open" else ""))
     path = os.path.join(args.config_dir, name + ".sh")
     command = shown_command(sys.argv[1:] if argv is None else argv)
     cores_per_gpu = max(1, args.cores_per_node // recipe.gpus_per_node)
-    write_config(path, config_text(recipe, command, speed, gpu, cores_per_gpu), args.force)
-    print(describe(recipe, speed, speed_source))
+    text, words = config_text(recipe, command, speed, gpu, cores_per_gpu), describe(recipe, speed, speed_source)
+    if args.division == "open":
+        text = open_division.mark(text) + open_division.config_block(recipe.num_epochs)
+        words = "\n".join([words, *open_division.describe_lines(recipe.num_epochs)])
+    write_config(path, text, args.force)
+    print(words)
     print(memory_line(path, args.gpu_memory * memory.GIB if args.gpu_memory else gpu.memory_mib << 20,
                       f"{args.gpu_memory:g} GiB GPU" if args.gpu_memory else gpu.label))
     print(f"wrote {path}: source it, then `python -m rn50_mx.check` shows every value training will use")
