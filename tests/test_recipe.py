@@ -375,9 +375,12 @@ def test_the_ramp_scales_with_the_horizon_as_ffcv_s_24_epochs(horizon):
 
 
 def test_check_lists_the_open_config_s_levers(config_dir):
-    """`python -m rn50_mx.check` after sourcing the open config, as the launchers run it: accepted, every lever on."""
-    assert run_recipe(config_dir, "--nodes", "1", "--gpus-per-node", "4", "--division", "open").returncode == 0
-    result = bash(f"set -euo pipefail; source {config_dir}/custom_1x4x408_open.sh; python -m rn50_mx.check")
+    """`python -m rn50_mx.check` after sourcing the open config (--system's name with _open), as the launchers run
+    it: accepted, every lever on."""
+    assert run_recipe(config_dir, "--nodes", "1", "--gpus-per-node", "4", "--system", "FOUR", "--division",
+                      "open").returncode == 0
+    assert sorted(os.listdir(config_dir)) == ["FOUR_open.sh", "gpu_common.sh"]
+    result = bash(f"set -euo pipefail; source {config_dir}/FOUR_open.sh; python -m rn50_mx.check")
     assert result.returncode == 0, result.stderr
     [line] = [line for line in result.stdout.splitlines() if line.startswith("open-division levers: ")]
     assert line == ("open-division levers: --val-crop 256, --eval-flip True, --ema-decay 0.8706, --ema-every 20, "

@@ -58,8 +58,8 @@ def parse_args(argv=None):
     parser.add_argument("--force", action="store_true", help="replace an existing config/<NAME>.sh")
     parser.add_argument("--division", choices=("closed", "open"), default="closed",
                         help="closed: MLPerf's closed rules (default); open: the closed recipe plus the open-division "
-                             "levers at the published open runs' values, logged and scored as open (default name "
-                             "<NAME>_open)")
+                             "levers at the published open runs' values, logged and scored as open, written as "
+                             "config/<NAME>_open.sh")
     args = parser.parse_args(argv)
     for flag in ("nodes", "gpus_per_node", "max_batch_per_gpu", "cores_per_node"):
         if getattr(args, flag) < 1:
@@ -92,8 +92,8 @@ def main(argv=None):
         speed, speed_source = args.img_per_sec_per_gpu, "yours"
     else:
         speed, speed_source = gpu.img_per_s, f"{gpu.label} in the MLPerf logs"
-    name = args.system or (f"custom_{recipe.nodes}x{recipe.gpus_per_node}x{recipe.batch_per_gpu}"
-                           + ("_open" if args.division == "open" else ""))
+    name = (args.system or f"custom_{recipe.nodes}x{recipe.gpus_per_node}x{recipe.batch_per_gpu}") + (
+        "_open" if args.division == "open" else "")
     path = os.path.join(args.config_dir, name + ".sh")
     command = shown_command(sys.argv[1:] if argv is None else argv)
     cores_per_gpu = max(1, args.cores_per_node // recipe.gpus_per_node)
