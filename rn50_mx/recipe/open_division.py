@@ -37,7 +37,7 @@ def levers(num_epochs):
             ("RN50_PROG_START_EPOCH", start, f"last epoch (0-based) at 160: start_ramp {FFCV_START_RAMP} of "
                                              f"{FFCV_EPOCHS} (yaml line 17), scaled"),
             ("RN50_PROG_END_EPOCH", end, f"first epoch at 192: FFCV's switch, epoch {FFCV_SWITCH} of {FFCV_EPOCHS}, "
-                                         f"scaled"),
+                                         "scaled"),
             ("RN50_NORMCONV", 0, "the ramp is refused with NormConv on (it counts the pixels of one H,W)"),
             ("DALI_ROI_DECODE", 1, "the ramp needs the fused decode + crop (and no DALI_CACHE_SIZE)")),
             f"160 px to epoch {start}, 192 from epoch {end} (0-based, of NUMEPOCHS {num_epochs}); costs NormConv "
