@@ -93,12 +93,14 @@ def test_bad_eval_lever_values_are_one_line(env, name):
     ({"RN50_VAL_CROP": "64"}, "RN50_VAL_CROP"),
     ({"RN50_EVAL_FLIP": "1"}, "RN50_EVAL_FLIP"),
     ({"VAL_RESIZE": "232"}, "VAL_RESIZE"),
+    ({"LABELSMOOTHING": "0.08"}, "LABELSMOOTHING"),  # the closed rules allow 0 or 0.1; no checker sees it
 ])
 def test_a_lever_in_the_closed_division_is_refused(env, name):
     with pytest.raises(config.SettingsError, match=f"^{name}=.*open-division lever.*SUBMISSION_DIVISION=open "):
         config.load([], env)
     assert config.open_levers(config.load([], dict(env, SUBMISSION_DIVISION="open")))
     assert config.open_levers(config.load([], {})) == {}
+    assert config.open_levers(config.load([], {"LABELSMOOTHING": "0"})) == {}  # closed: 0 or 0.1
 
 
 def test_train_refuses_a_closed_lever_in_one_line():

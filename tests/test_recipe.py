@@ -307,7 +307,7 @@ def test_open_config_is_the_closed_recipe_plus_a_marked_block_of_the_published_l
     differ = {f for f in config.FIELDS if getattr(s, f) != getattr(closed, f)}
     assert differ == OPEN_CHANGES, differ
     assert set(config.open_levers(s)) == {"val_crop", "eval_flip", "ema_decay", "ema_every", "prog_start_side",
-                                          "prog_start_epoch", "prog_end_epoch", "prog_step"}
+                                          "prog_start_epoch", "prog_end_epoch", "prog_step", "label_smoothing"}
     # FFCV: 160 -> 192 px, 192 from 19/24 of the horizon (here 37: epoch 29), eval crop 256 of a 292.6 px resize
     # (ours rounds: 293), flip averaging; MosaicML: EMA every 20 updates at Composer v0.7.0-RC1's half-life of 100
     # batches, label smoothing 0.08
@@ -384,4 +384,5 @@ def test_check_lists_the_open_config_s_levers(config_dir):
     assert result.returncode == 0, result.stderr
     [line] = [line for line in result.stdout.splitlines() if line.startswith("open-division levers: ")]
     assert line == ("open-division levers: --val-crop 256, --eval-flip True, --ema-decay 0.8706, --ema-every 20, "
-                    "--prog-start-side 160, --prog-start-epoch 25, --prog-end-epoch 28, --prog-step 32")
+                    "--prog-start-side 160, --prog-start-epoch 25, --prog-end-epoch 28, --prog-step 32, "
+                    "--label-smoothing 0.08")
