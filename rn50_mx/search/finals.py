@@ -17,8 +17,9 @@ def olympic(values):
 
 def run_sets(s, sets, knobs, seeds, folder, args, ruleset):
     """{name: row} for each (name, params) of `sets`, every set on every seed of `seeds`, --parallel runs at once
-    through --launcher."""
-    pending = [(name, params, seed) for name, params in sets for seed in seeds]
+    through --launcher. The sets take turns seed by seed, so that a machine's slow spell falls on all of them
+    alike (their minutes are compared side by side)."""
+    pending = [(name, params, seed) for seed in seeds for name, params in sets]
     running, done = [], {name: [] for name, _ in sets}
     while pending or running:
         while pending and len(running) < args.parallel:
