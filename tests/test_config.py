@@ -13,6 +13,7 @@ from tests.support.procs import ROOT, assert_one_line_naming, clean_environ, run
 
 SYSTEMS = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "config", "*.sh"))
                  if not p.endswith("_common.sh"))
+GPU_SYSTEMS = [system for system in SYSTEMS if not system.startswith("CPU")]  # not CPU.sh, nor CPU configs on it
 
 
 def settings_table(text):
@@ -91,8 +92,7 @@ def test_export_after_sourcing_overrides_the_config():
     assert settings_table(result.stdout)["--num-epochs"] == ("3", "NUMEPOCHS")
 
 
-@pytest.mark.parametrize("system", sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "config", "*.sh"))
-                                          if not p.endswith(("CPU.sh", "_common.sh"))))
+@pytest.mark.parametrize("system", GPU_SYSTEMS)
 def test_gpu_configs_export_the_normconv_support_the_reference_exports(system):
     """GPU review 3, F4: the reference (config_NF5688M6_common.sh) and NVIDIA's v4.0 24.04 configs export
     MXNET_EXTENDED_NORMCONV_SUPPORT=1, and rn50_mx runs NormConv where MXNet has it."""
