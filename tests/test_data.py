@@ -13,8 +13,8 @@ import pytest
 from nvidia.dali.pipeline import Pipeline
 from PIL import Image
 
-from tests.support.data import write_jpeg_tree
-from rn50_mx import data, prep_rec
+from tests.support.data import one_per_class
+from rn50_mx import data
 from rn50_mx.config import Settings
 from rn50_mx.errors import InputError
 
@@ -67,10 +67,7 @@ def valid_labels(it):
 @pytest.fixture(scope="module")
 def unique_rec(tmp_path_factory):
     """21 images, one per class, packed in order: the label of a sample says which record it is."""
-    root = tmp_path_factory.mktemp("unique")
-    write_jpeg_tree(str(root / "jpegs"), classes=tuple(f"c{i:02d}" for i in range(21)), per_class=1, seed=3)
-    prep_rec.pack(str(root / "jpegs"), str(root / "unique"), shuffle=False)
-    return str(root / "unique")
+    return one_per_class(str(tmp_path_factory.mktemp("unique")), 21, seed=3)
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])

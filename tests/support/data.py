@@ -35,3 +35,13 @@ def packed_train_val(root, classes=TINY_CLASSES, per_class=PER_CLASS):
     prep_rec.pack(jpegs, os.path.join(data, "train"))
     prep_rec.pack(jpegs, os.path.join(data, "val"), shuffle=False)
     return jpegs, data
+
+
+def one_per_class(root, count, seed):
+    """`count` photographs, each its own class, packed in order as ROOT/unique.rec/.idx: a sample's label says which
+    record it is. Returns the prefix."""
+    write_jpeg_tree(os.path.join(root, "jpegs"), classes=tuple(f"c{i:02d}" for i in range(count)), per_class=1,
+                    seed=seed)
+    prefix = os.path.join(root, "unique")
+    prep_rec.pack(os.path.join(root, "jpegs"), prefix, shuffle=False)
+    return prefix
