@@ -146,6 +146,12 @@ class Settings:
                              "comma-separated, epochs rising, linear between points and constant outside them "
                              "(e.g. 0:0.85,4:0.95); empty = MOM throughout; LARS only; an open-division lever",
                              env="RN50_MOM_SCHEDULE")
+    batch_schedule: str = _opt("", "batch-size schedule (the MoXing article's): EPOCH:FACTOR points, comma-separated, "
+                               "0-based epochs rising; from each point's epoch on, every optimizer update sums the "
+                               "gradients of FACTOR steps of BATCHSIZE images (the learning rate scaled with the "
+                               "update's images; the data and its shards unchanged), 1 before the first point (e.g. "
+                               "2:2,3:4); empty = one step per update; an open-division lever",
+                               env="RN50_BATCH_SCHEDULE")
     wd: float = _opt(5e-5, "weight decay (not on BN parameters and biases)", env="WD", low=0.0)
     lars_eta: float = _opt(0.001, "LARS trust coefficient", env="LARSETA", low=0.0)
     lars_eps: float = _opt(0.0, "LARS epsilon", env="LARSEPS", low=0.0)
@@ -248,8 +254,19 @@ class Settings:
 
     @property
     def global_batch(self):
-        """Images per step over every process (MLPerf's global_batch_size)."""
+        """Images per step over every process (MLPerf's global_batch_size without --batch-schedule; with it, each
+        update's is this times batch_factor of its epoch)."""
         return self.batch_size * self.world_size
+
+    @property
+    def batch_points(self):
+        """The batch-size schedule as [(epoch, factor), ...], or [] when --batch-schedule is empty (validate has
+        checked its text)."""
+        return batch_points(self.batch_schedule)
+
+    def batch_factor(self, epoch):
+        """Steps summed into one optimizer update in 0-based `epoch` (--batch-schedule; 1 without)."""
+        return factor_at(self.batch_points, epoch)
 
     @property
     def momentum_points(self):
@@ -297,7 +314,8 @@ REFERENCE_ONLY_ENV = {
 # values CLOSED_VALUES lists (training_rules.adoc's hyperparameter table: label smoothing 0 or 0.1, which no checker
 # verifies: it is not logged in the closed division). docs/open-division.md.
 OPEN_LEVERS = {"val_resize": (), "val_crop": (), "eval_flip": (), "ema_decay": ("ema_every",), "mom_schedule": (),
-               "prog_start_side": ("prog_start_epoch", "prog_end_epoch", "prog_step"), "label_smoothing": ()}
+               "prog_start_side": ("prog_start_epoch", "prog_end_epoch", "prog_step"), "label_smoothing": (),
+               "batch_schedule": ()}
 CLOSED_VALUES = {"label_smoothing": (0.0, 0.1)}
 
 
@@ -329,6 +347,33 @@ def momentum_points(text):
             raise ValueError(f"{item!r}: the epochs must rise from point to point")
         points.append(point)
     return points
+
+
+MAX_BATCH_FACTOR = 1024  # steps per update: 1024 x 3264 images is over 3 million, far past ResNet-50 batches in use
+
+
+def batch_points(text):
+    """[(epoch, factor), ...] parsed from EPOCH:FACTOR,...; ValueError says what is wrong in a few words."""
+    points = []
+    if not text:
+        return points
+    for item in (part.strip() for part in text.split(",")):
+        epoch, sep, factor = item.partition(":")
+        if not sep or not epoch.strip().isdecimal() or not factor.strip().isdecimal():
+            raise ValueError(f"{item!r} is not EPOCH:FACTOR (whole numbers)")
+        point = int(epoch), int(factor)
+        if not 1 <= point[1] <= MAX_BATCH_FACTOR:
+            raise ValueError(f"{item!r}: the factor must be 1 to {MAX_BATCH_FACTOR}")
+        if points and point[0] <= points[-1][0]:
+            raise ValueError(f"{item!r}: the epochs must rise from point to point")
+        points.append(point)
+    return points
+
+
+def factor_at(points, epoch):
+    """The factor of 0-based `epoch` on the schedule `points` (batch_points'): the last point at or before it, 1 before
+    the first."""
+    return next((factor for start, factor in reversed(points) if start <= epoch), 1)
 
 
 def flag_name(name):
@@ -421,6 +466,8 @@ def validate(s, origins=None):
     if s.mom_schedule and not s.is_lars:
         raise SettingsError(f"{src('mom_schedule')}: a momentum schedule needs LARS ({src('optimizer')}="
                             f"{s.optimizer}: MXNet's SGD takes one momentum)")
+    if s.batch_schedule:
+        check_batch_schedule(s, src)
     if 0 < s.val_crop < 32:
         raise SettingsError(f"{src('val_crop')}={s.val_crop}: must be 0 or 32 to {MAX_IMAGE_SIDE} (ResNet-50 halves "
                             "the side 5 times)")
@@ -434,6 +481,24 @@ def validate(s, origins=None):
     if s.world_size > 1 and s.kv_store != "horovod":
         raise SettingsError(f"{src('kv_store')}={s.kv_store}: {s.dgxnnodes} node(s) x {s.dgxngpu} processes "
                             "need horovod")
+
+
+def check_batch_schedule(s, src):
+    """The batch-size schedule's points, and the builds whose gradients cannot add up over steps."""
+    name = src("batch_schedule")
+    try:
+        points = batch_points(s.batch_schedule)
+    except ValueError as err:
+        raise SettingsError(f"{name}={s.batch_schedule!r}: {err}") from None
+    last = points[-1][0] if points else 0
+    if last >= s.epoch_limit:
+        raise SettingsError(f"{name}={s.batch_schedule!r}: epoch {last} is past the run's last epoch, "
+                            f"{s.epoch_limit - 1} (0-based; {src('num_epochs')}={s.num_epochs})")
+    if s.device == "gpu" and s.input_layout == "NHWC" and s.dtype == "float16":
+        raise SettingsError(f"{name}: NVIDIA's NHWC float16 BatchNorm (NGC builds' NhwcBatchNormOp, which NormConv's "
+                            "backward runs too) writes its gamma and beta gradients over the last ones instead of "
+                            f"adding to them, so steps cannot add up: set {src('input_layout')}=NCHW or "
+                            f"{src('dtype')}=float32")
 
 
 def check_progressive(s, src):

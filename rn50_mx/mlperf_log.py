@@ -125,8 +125,9 @@ def submission(s):
 def hyperparameter_events(s):
     """(key, value) of the optimizer keys the closed-division rules check (training_1.0.0/closed_resnet*.yaml): what
     `hyperparameters` logs, and what rn50_mx.recipe hands to the compliance checker before a run."""
-    events = [(K.MODEL_BN_SPAN, s.batch_size), (K.GLOBAL_BATCH_SIZE, s.global_batch),
-              (K.GRADIENT_ACCUMULATION_STEPS, 1)]
+    factor = s.batch_factor(0)  # steps per update of the first epoch: 1 but with --batch-schedule (batch_change)
+    events = [(K.MODEL_BN_SPAN, s.batch_size), (K.GLOBAL_BATCH_SIZE, s.global_batch * factor),
+              (K.GRADIENT_ACCUMULATION_STEPS, factor)]
     if s.is_lars:
         return events + [
             (K.OPT_NAME, K.LARS),
@@ -157,3 +158,12 @@ def hyperparameters(s):
     on under its setting's name (config.open_levers; the open rules check no hyperparameter)."""
     for key, value in hyperparameter_events(s) + list(open_levers(s).items()):
         event(key, value)
+
+
+def batch_change(s, epoch):
+    """With --batch-schedule, at the start of 0-based `epoch` whose factor differs from the epoch before: the images
+    per update from then on and the steps they sum, under the keys the first epoch's were logged with (the open
+    rules count neither key; timing.py reads the first global_batch_size)."""
+    factor = s.batch_factor(epoch)
+    for key, value in ((K.GLOBAL_BATCH_SIZE, s.global_batch * factor), (K.GRADIENT_ACCUMULATION_STEPS, factor)):
+        event(key, value, metadata={K.EPOCH_NUM: epoch + 1})

@@ -5,7 +5,8 @@ Gradient scaling (symbols/resnet-v1b-stats-fl.py and common/fit.py): the loss is
 gradients *summed* over the local batch, and `trainer.step(local_batch_size)` sets rescale_grad = 1/local_batch_size.
 Across ranks, hvd.DistributedTrainer (Horovod 0.28) either sums and divides rescale_grad by the world size (Gloo, NCCL <
 2.10: measured 1/(4 x 2) with 2 Gloo ranks of 4 images) or averages in the allreduce; both give the optimizer the
-gradient of the mean loss over the global batch, as the reference's sum x 1/3264 does.
+gradient of the mean loss over the global batch, as the reference's sum x 1/3264 does. With --batch-schedule an
+update's m steps add their gradients up and `trainer.step(m x local_batch_size)` divides by the update's images.
 """
 import functools
 import warnings
@@ -15,6 +16,7 @@ import numpy as np
 from mxnet import gluon, nd
 
 from .model import is_layer_weight, split_params
+from .updates import Updates
 
 # MXNet's multi-tensor SGD kernels take at most 60 tensors per call (PreloadedMultiSGDKernelParam::N).
 MAX_TENSORS_PER_CALL = 60
@@ -71,10 +73,13 @@ def momentum_at(step, points, steps_per_epoch):
 
 
 def schedule(settings, steps_per_epoch):
-    """`lr_at` bound to the settings: a callable num_update -> lr, which MXNet optimizers take as lr_scheduler."""
-    return functools.partial(lr_at, base_lr=settings.lr, end_lr=settings.end_lr,
-                             warmup_steps=round(settings.warmup_epochs * steps_per_epoch),
-                             total_steps=settings.num_epochs * steps_per_epoch)
+    """`lr_at` bound to the settings: a callable num_update -> lr, which MXNet optimizers take as lr_scheduler. With
+    --batch-schedule an update of m steps takes m x lr_at at the steps done when it ends (updates.py)."""
+    lr = functools.partial(lr_at, base_lr=settings.lr, end_lr=settings.end_lr,
+                           warmup_steps=round(settings.warmup_epochs * steps_per_epoch),
+                           total_steps=settings.num_epochs * steps_per_epoch)
+    updates = Updates.of(settings, steps_per_epoch)
+    return lr if updates is None else functools.partial(updates.scaled, lr)
 
 
 class LARS(mx.optimizer.Optimizer):
@@ -216,8 +221,10 @@ def make_optimizer(settings, steps_per_epoch):
     common = dict(momentum=settings.mom, wd=settings.wd, lr_scheduler=schedule(settings, steps_per_epoch),
                   multi_precision=settings.dtype == "float16")
     if settings.is_lars:
-        points = settings.momentum_points
+        points, updates = settings.momentum_points, Updates.of(settings, steps_per_epoch)
         scheduler = functools.partial(momentum_at, points=points, steps_per_epoch=steps_per_epoch) if points else None
+        if scheduler and updates:  # the momentum of the steps done when the update ends, as the learning rate's
+            scheduler = functools.partial(updates.timed, scheduler)
         optimizer = mx.optimizer.create(settings.optimizer, eta=settings.lars_eta, eps=settings.lars_eps,
                                         correct_momentum=settings.lars_form == "submitted",
                                         momentum_scheduler=scheduler, **common)
@@ -263,8 +270,21 @@ def make_trainer(net, settings, steps_per_epoch, new_trainer=gluon.Trainer):
 
     `new_trainer(params, optimizer, optimizer_params)` builds it: gluon.Trainer for one process, or
     hvd.DistributedTrainer (e.g. `dist`'s `d.trainer`) for several; see the module docstring for the scaling.
+    With --batch-schedule every gradient adds up over the steps of an update (grad_req 'add', set before the network
+    first runs; `zero_sums` clears them after each update).
     """
     submitted = settings.is_lars and settings.lars_form == "submitted"
-    for p in split_params(net)[1]:
+    layer_weights, others = split_params(net)
+    for p in others:
         p.wd_mult = 1.0 if submitted and is_fc_bias(p.name) else 0.0
+    if settings.batch_schedule:
+        for p in layer_weights + others:
+            p.grad_req = "add"
     return new_trainer(net.collect_params(), make_optimizer(settings, steps_per_epoch), None)
+
+
+def zero_sums(trainer):
+    """Every gradient of `trainer`'s parameters set to 0 (one reset call, queued after the update that read them):
+    under --batch-schedule's grad_req 'add', after each update, so that the next one sums its own steps only."""
+    grads = [p.list_grad()[0] for p in trainer._params if p.grad_req != "null"]
+    nd.reset_arrays(*grads, num_arrays=len(grads))

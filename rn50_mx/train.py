@@ -25,37 +25,53 @@ from mlperf_logging.mllog import constants as K
 from . import checkpoint, config, data, dist, ema, model, optim
 from . import mlperf_log as log
 from .errors import InputError, run_cli
+from .updates import Updates
 
 
-def train_step(net, loss_fn, trainer, batch):
-    """Forward, loss, backward, optimizer step; returns the summed loss without waiting for it."""
+def train_step(net, loss_fn, trainer, batch, update=None):
+    """Forward, loss, backward, optimizer step; returns the summed loss without waiting for it.
+
+    `update`, with --batch-schedule only: the steps of the update this batch ends, whose gradients have added up
+    (grad_req 'add'): the step divides by all their images, then the sums are cleared; 0 when it ends none (no
+    step: the gradients go on adding up). None, without the schedule: every batch is one update."""
     x, y = batch.data[0], batch.label[0]
     with mx.autograd.record():
         loss = loss_fn(net(x), y)
     loss.backward()
-    trainer.step(x.shape[0])  # gradients are per-sample sums: the optimizer scales by 1/global batch
+    if update is None:
+        trainer.step(x.shape[0])  # gradients are per-sample sums: the optimizer scales by 1/global batch
+    elif update:
+        trainer.step(update * x.shape[0])  # the allreduce of the summed gradients: once per update
+        optim.zero_sums(trainer)
     return loss.sum()
 
 
-def train_epoch(net, loss_fn, trainer, train_it, pos, s, stops, average):
+def train_epoch(net, loss_fn, trainer, train_it, pos, s, stops, average, updates=None):
     """The local shard's pass of epoch `pos.epoch` from step `pos.step` (0, or where a resumed run stopped), the
-    weight EMA `average` following the steps; returns (images/s, data-wait share, mean loss), or None when the ranks
-    agreed to stop (`pos` says where)."""
+    weight EMA `average` following the updates; returns (images/s, data-wait share, mean loss), or None when the ranks
+    agreed to stop (`pos` says where). With --batch-schedule (`updates`, an updates.Updates) the EMA, the progress
+    line and the stop agreement come at the ends of updates only, so that a stop never falls inside one."""
     epoch, steps = pos.epoch, train_it.steps_per_epoch
     if pos.step == 0:
         log.start(K.EPOCH_START, metadata={K.EPOCH_NUM: epoch + 1})
+        if updates and epoch and updates.factor(epoch) != updates.factor(epoch - 1):
+            log.batch_change(s, epoch)
         train_it.reset()
     tic = time.time()
     loss_sum, images, resumed = mx.nd.array([pos.loss], ctx=train_it.context), pos.images, pos.images
     for batch in train_it:
-        loss_sum += train_step(net, loss_fn, trainer, batch)
+        size = updates.size(epoch, train_it.position) if updates else None
+        loss_sum += train_step(net, loss_fn, trainer, batch, size)
         images += batch.data[0].shape[0]
+        if size == 0:
+            continue  # inside an update
         pos.step = train_it.position
-        average.update(epoch * steps + pos.step)
+        done = updates.count(epoch, pos.step) if updates else epoch * steps + pos.step  # updates over the run
+        average.update(done)
         if pos.step % s.disp_batches == 0 and log.is_rank0():
             loss_sum.wait_to_read()  # the engine runs behind Python: wait for it, or the speed is fiction
             progress(epoch, pos.step, steps, (images - resumed) / (time.time() - tic), trainer.learning_rate)
-        if stops.agreed(epoch * steps + pos.step):
+        if stops.agreed(done):
             pos.loss, pos.images = float(loss_sum.asscalar()), images
             return None
     mean_loss = loss_sum.asscalar() / max(images, 1)  # the one sync point of the epoch
@@ -125,12 +141,13 @@ def fit(s, d, net, loss_fn, trainer, train_it, val_it, pos, saver, average=ema.O
     evals = eval_epochs(s)
     last = evals[-1] if evals and val_it is not None else s.epoch_limit - 1
     stops = checkpoint.Stops(d) if saver else checkpoint.NoStops()
+    updates = Updates.of(s, train_it.steps_per_epoch)  # --batch-schedule's, or None
     for epoch in range(pos.epoch, last + 1):
         pos.epoch = epoch
         if epoch == pos.first and pos.step == 0:
             count = next(e for e in evals if e >= pos.first) - pos.first + 1 if evals else s.epoch_limit
             log.start(K.BLOCK_START, metadata={K.FIRST_EPOCH_NUM: pos.first + 1, K.EPOCH_COUNT: count})
-        result = train_epoch(net, loss_fn, trainer, train_it, pos, s, stops, average)
+        result = train_epoch(net, loss_fn, trainer, train_it, pos, s, stops, average, updates)
         if result is None:
             return stop_resumable(d, saver, pos)
         speed, wait, loss = result
@@ -212,10 +229,11 @@ def warm_up(net, loss_fn, trainer, s, ctx):
     val_x = mx.nd.zeros(data.batch_shape(s, train=False), ctx=ctx, dtype=s.dtype)
     for _ in range(2):
         scores(net, val_x, flip_axis(s)).wait_to_read()  # read before the training graph reuses the static memory
+    update = 1 if s.batch_schedule else None  # with --batch-schedule, each warm-up step clears its gradient sums
     for hw in reversed(s.train_sizes):  # every size of --prog-start-side's schedule; the first epoch's last
         zeros = mx.io.DataBatch(data=[mx.nd.zeros(data.batch_shape(s, hw=hw), ctx=ctx, dtype=s.dtype)], label=[label])
         for _ in range(2):
-            train_step(net, loss_fn, trainer, zeros)
+            train_step(net, loss_fn, trainer, zeros, update)
             mx.nd.waitall()
     for p, value in zip(params, saved):
         p.set_data(value)

@@ -2,7 +2,7 @@
 import os
 import signal
 
-CHECK_PERIOD = 4  # steps between the stop-flag allreduces: a stop lands 4 to 8 steps after its signal
+CHECK_PERIOD = 4  # updates between the stop-flag allreduces: a stop lands 4 to 8 updates after its signal
 RESUMABLE = "resumable"  # fit's status when it stopped after writing a checkpoint
 RESUMABLE_EXIT = 75  # the exit status of a resumable stop (EX_TEMPFAIL), which trials.sh reports as such
 
@@ -23,7 +23,8 @@ class Stops:
         self.asked = True
 
     def agreed(self, step):
-        """After global step `step`: whether any rank had asked when the last check period began."""
+        """After update `step` of the run (a step, but with --batch-schedule, whose stops fall between updates only):
+        whether any rank had asked when the last check period began."""
         if step % CHECK_PERIOD:
             return False
         pending = self.pending
