@@ -53,3 +53,48 @@ def test_no_test_module_imports_another():
             if any(name.startswith("tests.test_") for name in names):
                 found.append(os.path.basename(path))
     assert found == []
+
+
+def package_imports():
+    """{module: the package's modules it imports} for every module of rn50_mx (a package named as its __init__),
+    read from the source: relative and absolute imports, `from . import x` resolved to the module x."""
+    modules = {}
+    for path in glob.glob(os.path.join(ROOT, "rn50_mx", "**", "*.py"), recursive=True):
+        name = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+        modules[name.removesuffix(".__init__")] = path
+    graph = {}
+    for name, path in modules.items():
+        here = name.split(".") if path.endswith("__init__.py") else name.split(".")[:-1]
+        found = set()
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.ImportFrom):
+                base = ".".join(here[:len(here) - node.level + 1] if node.level else [])
+                module = ".".join(filter(None, [base, node.module]))
+                found |= {f"{module}.{a.name}" if f"{module}.{a.name}" in modules else module for a in node.names}
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
+
+
+def test_the_package_imports_form_no_circle_and_config_imports_only_errors():
+    """Issue 27: the settings module is the ground floor (config.py imports errors.py only), and no chain of imports
+    comes back to where it started (a package importing its own parts is not a chain)."""
+    graph = package_imports()
+    assert graph["rn50_mx.config"] == {"rn50_mx.errors"}
+    circles = []
+
+    def walk(module, chain):
+        for imported in sorted(graph[module]):
+            if imported.startswith(module + "."):
+                continue
+            if imported in chain:
+                circles.append(chain[chain.index(imported):] + [imported])
+            elif imported not in done:
+                walk(imported, chain + [imported])
+        done.add(module)
+
+    done = set()
+    for module in sorted(graph):
+        walk(module, [module])
+    assert circles == []
