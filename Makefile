@@ -22,8 +22,7 @@ DATA      ?= data/fashion-mnist
 LOGDIR    ?= results/demo
 NEXP      ?= 1
 # make test runs the suite in this many processes (pytest-xdist), one test file per process at a time: a file's
-# tests share their module fixtures and run in order; the Slurm tests' daemons stay in one process. The files go
-# out in tests/conftest.py's order (the longest first), not xdist's default (the most tests first).
+# tests share their module fixtures and run in order; the Slurm tests' daemons stay in one process.
 TEST_WORKERS ?= 2
 SYSTEM_PACKAGES := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz /usr/bin/shellcheck \
 	/usr/sbin/slurmctld /usr/sbin/munged /usr/lib/x86_64-linux-gnu/libpmix.so /usr/bin/mpicxx
@@ -65,7 +64,7 @@ $(SYSTEM_PACKAGES):
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEBIAN_PACKAGES)
 
 test: venv
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The demo runs exactly what a GPU user runs: config file -> run_with_docker.sh (bare machine: CONT unset)
 # -> run_and_time.sh -> python -m rn50_mx.train, then the timing tool and the MLPerf compliance checker.

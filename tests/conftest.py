@@ -9,17 +9,6 @@ from rn50_mx import prep_rec
 from tests.support.data import packed_train_val, write_jpeg_tree
 from tests.support.procs import run_train
 
-# The longest files first: `make test` hands whole files to its workers in collection order (pytest-xdist's
-# --dist loadfile --no-loadscope-reorder), so that none of these starts last and runs alone at the end.
-SLOWEST_FIRST = ("test_demo.py", "test_slurm.py", "test_trials.py", "test_search.py", "test_checkpoint.py")
-
-
-def pytest_collection_modifyitems(items):
-    """The SLOWEST_FIRST files' tests before the others; the order within each file kept."""
-    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
-
-
 @pytest.fixture(scope="session")
 def jpeg_tree(tmp_path_factory):
     """A tree of 3 classes x 7 JPEGs; tests must not modify it (copy it first)."""
