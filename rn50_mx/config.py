@@ -188,6 +188,11 @@ class Settings:
     disp_batches: int = _opt(20, "progress line every N steps", env="DISP_BATCHES", low=1, high=1_000_000)
     exit_timeout: int = _opt(90, "seconds a process may take to exit after run_stop before SIGALRM ends it",
                              env="RN50_EXIT_TIMEOUT", low=1, high=86_400)
+    standin: str = _opt("off", "a stand-in GPU build on this CPU (rn50_mx/standin): devices = each rank on a CPU "
+                        "context of its own, cpu(1 + local rank), mixed contexts refused; gpu = that plus CPU twins of "
+                        "the kernels the CPU lacks and NVIDIA's fused operators (python -m rn50_mx.rehearse sets it); "
+                        "says nothing of a GPU's speed, memory or numerics", env="RN50_STANDIN",
+                        choices=("off", "devices", "gpu"))
     cache_cleared: bool = _opt(False, "the launcher dropped the page cache before this run (logged as cache_clear)",
                                env="CACHE_CLEARED")
     mllog_file: str = _opt("", "also write the MLPerf log to this file", env="MLLOG_FILE")

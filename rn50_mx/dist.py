@@ -28,6 +28,7 @@ import sys
 
 import mxnet as mx
 
+from . import standin
 from .errors import InputError
 
 HOST = mx.cpu(0)  # small host-side arrays: seeds, counts and barriers, reduced by Horovod's CPU path (MPI or Gloo)
@@ -40,7 +41,13 @@ def context(settings, local_rank):
     On the GPU it also becomes the calling thread's current CUDA device. MXNet's engine threads set theirs, but
     a CUDA call made on this thread without a device (DALI's, e.g. a DLPack export without a stream, which waits
     on the legacy stream of the current device: dali/python/backend_impl.cc ToDLMTensor) would open a context on
-    GPU 0 from every rank."""
+    GPU 0 from every rank.
+
+    With --standin (python -m rn50_mx.rehearse, and the tests' runs) it is the rank's stand-in device, cpu(1 + local
+    rank), whatever the settings' device, with the stand-in build installed first: the one switch between a GPU
+    and its rehearsal."""
+    if settings.standin != "off":
+        return standin.use(settings.standin, local_rank)
     if settings.device != "gpu":
         return mx.cpu()
     index = gpu_index(local_rank, mx.context.num_gpus())
@@ -175,7 +182,7 @@ def init(settings):
     except ValueError as err:
         raise InputError(f"--kv-store horovod: {err}") from None
     check_world(settings, d)
-    if settings.device == "gpu":
+    if settings.device == "gpu" and settings.standin == "off":
         try:
             gpu_index(d.local_rank, mx.context.num_gpus())
         except InputError as err:

@@ -21,24 +21,26 @@ import mxnet as mx
 from mxnet import gluon
 from mxnet.gluon import nn
 
+from . import standin
+
 # (units, bottleneck width, stride of the first unit) per stage; each unit outputs 4 x width channels.
 STAGES = ((3, 64, 1), (4, 128, 2), (6, 256, 2), (3, 512, 2))
 EXPANSION = 4
 STEM_CHANNELS = 64
 
 
-def fused_batchnorm_available(arguments_of=mx.operator.get_operator_arguments,
-                               operators=mx.operator.get_all_registered_operators):
+def fused_batchnorm_available(arguments_of=standin.operator_arguments, operators=standin.operators):
     """Whether this MXNet build has both fused BatchNorm kernels, judged by its operator registry (not by a
     version string): BatchNorm taking act_type, and BatchNormAddRelu. The arguments are the registry's
-    functions, so a test can present another build's registry."""
+    functions (this build's, with the stand-in build's operators when a rehearsal installed them), so a test can
+    present another build's registry."""
     return "act_type" in arguments_of("BatchNorm").names and "BatchNormAddRelu" in operators()
 
 
 NORMCONV_OPERATORS = ("NormConvolution", "NormalizedConvolution", "BNStatsFinalize", "ScaleBiasAddRelu")
 
 
-def normconv_available(operators=mx.operator.get_all_registered_operators):
+def normconv_available(operators=standin.operators):
     """Whether this MXNet build has NVIDIA's NormConv operators (NGC builds), judged by its operator registry."""
     return set(NORMCONV_OPERATORS) <= set(operators())
 

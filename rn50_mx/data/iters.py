@@ -182,7 +182,7 @@ class DaliIter(BatchIter):
         self.build, self.pipe, self.rec, self.idx, self.skip = build, pipe, rec, idx, train and s.skip_bad_records
         self.num_classes, self.index, self.skipped, self.epochs, self.scratch = s.num_classes, idx, [], 0, None
         self.settings, self.train, self.rank, self.world = s, train, rank, world
-        self.handover = Handover(s, ctx, copy=ctx.device_type == "gpu", train=train)
+        self.handover = Handover(s, ctx, copy=s.device == "gpu", train=train)  # a rehearsal copies too
         self.built_epochs = 0  # the `epochs` argument the pipeline in use was built with
         self.sizes = sizes  # with --prog-start-side: the schedule of the train crops' size the pipeline reads
 

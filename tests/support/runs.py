@@ -31,9 +31,9 @@ def argv(recs, ranks, **changes):
 
 def on_rank_devices(module, *args):
     """`python -m module ARGS` with each rank's model on cpu(1 + local rank) and mixed contexts refused
-    (tests.support.devices): a checkpoint written on one rank's device and resumed on another's fails here as on an
+    (--standin devices): a checkpoint written on one rank's device and resumed on another's fails here as on an
     8-GPU node (GPU review 3, F1 and F2)."""
-    return [sys.executable, "-m", "tests.support.devices", module, *args]
+    return [sys.executable, "-m", module, *args, "--standin=devices"]
 
 
 def start(recs, ranks, out, **changes):

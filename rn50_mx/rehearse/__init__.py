@@ -1,0 +1,94 @@
+"""`python -m rn50_mx.rehearse`: a GPU config's whole code path on this CPU, before you queue on a cluster.
+
+    source config/<SYSTEM>.sh
+    python -m rn50_mx.rehearse [--ranks N] [--work DIR] [--data-train T.rec --data-val V.rec] [rn50_mx.train flags]
+
+The config's own settings, shrunk to seconds (plan.py: small images, batches, epochs and ranks; every switch kept),
+run through the package's own commands on the stand-in GPU build (rn50_mx/standin): DGXNGPU ranks become --ranks
+Horovod (Gloo) ranks, each on a CPU context of its own with mixed contexts refused; NHWC and float16 run through CPU
+twins of the kernels the CPU lacks; NVIDIA's fused BatchNorm and NormConv operators are stand-ins that refuse what the
+fork's kernels refuse. Stages: the whole run (warm-up, evals on the schedule with the BatchNorm-statistics average,
+--save-model), SIGTERM mid-epoch with a checkpoint and an exact resume, `evaluate` on the saved model, the self-test.
+One table; exit 1 when a stage fails. It never says that the GPU run will work: only that this code path runs.
+"""
+import os
+import sys
+import tempfile
+import time
+
+from .. import children, config
+from ..errors import InputError
+from ..selftest.report import Row, table
+from . import plan as planning
+from . import stages
+
+GPU_ONLY = ("kernel speed (images/s): the stand-in's figures are a CPU's",
+            "the numerics of NVIDIA's kernels: cuDNN/cuBLAS float16, NormConv, fused BatchNorm (stand-ins compute "
+            "in float32)",
+            "NCCL and the fabric: the allreduce here is Gloo on one machine",
+            "GPU memory: MXNet's pool and cudaMalloc (rn50_mx.memory estimates it; the self-test compares on a GPU)",
+            "DALI's mixed decoder (nvJPEG, the hardware decoder) and its GPU operators: DALI's CPU builds ran",
+            "CUDA graphs, the launchers' GPU binding and containers (make test runs the launchers on CPU configs)")
+
+
+def parse_args(argv):
+    parser = config.tool_parser("python -m rn50_mx.rehearse", __doc__)
+    parser.add_argument("--ranks", type=int, default=2, help="processes standing in for the config's GPUs (default 2)")
+    parser.add_argument("--work", default="", help="folder of the rehearsal's data, logs and models (default: a "
+                        "temporary folder, removed at the end)")
+    args, flags = parser.parse_known_args(argv)
+    stages.checked_ranks(args.ranks)
+    return args, flags
+
+
+def rehearse(s, ranks, work):
+    """[Row] of every stage, in order; a stage whose input an earlier one failed to make is not run."""
+    rows = [Row("config", True, f"{s.dgxsystem or 'sourced'}: {s.device} {s.input_layout} {s.dtype}, "
+                f"{s.optimizer}, batch {s.batch_size} x {s.world_size}")]
+    if s.device != "gpu":
+        raise InputError(f"DEVICE={s.device}: not a GPU config; a CPU config's path is what make test runs")
+    data = {"train": s.data_train, "val": s.data_val} if s.data_train and s.data_val else None
+    if data is None:
+        data = planning.generated_records(os.path.join(work, "data"))
+    plan = planning.shrink(s, ranks, data)
+    rows += [Row("shrunk", None, line) for line in plan.shrunk]
+    reference = attempt(rows, "train", stages.train, plan, work)
+    if reference:
+        attempt(rows, "stop and resume", stages.stop_and_resume, plan, work, reference)
+        attempt(rows, "evaluate", stages.evaluate, plan, work, reference)
+    attempt(rows, "self-test", stages.selftest, plan, work)
+    return rows + [Row("GPU only", None, what) for what in GPU_ONLY]
+
+
+def attempt(rows, name, stage, *args):
+    """Run one stage into `rows`; a stage returns its detail, or (detail, value) to hand `value` to later stages:
+    attempt returns that value, True without one, None when the stage failed (its one line in the table)."""
+    tic = time.time()
+    try:
+        result = stage(*args)
+    except stages.StageFailed as err:
+        rows.append(Row(name, False, str(err)))
+        return None
+    detail, value = result if isinstance(result, tuple) else (result, True)
+    rows.append(Row(name, True, f"{detail} [{time.time() - tic:.0f} s]"))
+    return value
+
+
+def main():
+    children.stop_on_sigterm()
+    args, flags = parse_args(sys.argv[1:])
+    s = config.load(flags, prog="rn50_mx.rehearse")
+    tic = time.time()
+    if args.work:
+        os.makedirs(args.work, exist_ok=True)
+        rows = rehearse(s, args.ranks, args.work)
+    else:
+        with tempfile.TemporaryDirectory(prefix="rn50-rehearse-") as work:
+            rows = rehearse(s, args.ranks, work)
+    print(table(rows))
+    failed = [r.name for r in rows if r.status is False]
+    verdict = f"FAILED: {', '.join(failed)}" if failed else "every stage ran"
+    print(f"rehearse: {verdict} in {time.time() - tic:.0f} s on stand-ins; what only a GPU can show is listed above, "
+          "and this says nothing of whether the GPU run will work", flush=True)
+    return 1 if failed else 0
+

@@ -1,0 +1,73 @@
+"""What a rehearsal runs: the sourced config shrunk to seconds, on generated records or the user's.
+
+Only sizes shrink (images, batch, examples, epochs, ranks, DALI's threads and queue); every switch of the config
+(device, dtype, layout, NormConv, fused BatchNorm, optimizer, open levers, eval schedule) stays as it is, so that
+the same code runs as on the GPU. Each shrink is said in the report."""
+import dataclasses
+import os
+
+import numpy as np
+from PIL import Image
+
+from ..prep_rec.folders import pack_train_val
+
+SIDE = 64  # pixels of the shrunk training crop: every stage of ResNet-50 still has a 2x2 map
+BATCH = 4  # images per rank per step
+STEPS = 3  # steps per epoch
+MIN_EPOCHS = 3  # a stop asked for in epoch 1 lands 4 to 8 updates later (checkpoint.stops): mid-epoch 2 or 3
+CLASSES, TRAIN_PER_CLASS, VAL_PER_CLASS = 4, 8, 4
+
+
+@dataclasses.dataclass
+class Plan:
+    """The flags that shrink the config (they beat its variables), and what each shrink was."""
+    flags: dict
+    shrunk: list
+    ranks: int
+
+
+def scaled(side, factor, step=1):
+    """A pixel setting scaled with the training side, kept a positive multiple of `step`; 0 (off) stays 0."""
+    return side and max(step, int(round(side * factor / step)) * step)
+
+
+def first_eval_from(s, epoch):
+    """The first 0-based epoch from `epoch` on that the config's schedule evaluates after: the shrunk run ends there
+    (a run stops after its last eval), so it has the config's evals and no epoch no eval would judge."""
+    return next(e for e in range(epoch, epoch + s.eval_period) if e % s.eval_period == s.eval_offset % s.eval_period)
+
+
+def shrink(s, ranks, data):
+    """The Plan of settings `s` on `ranks` processes of one node with the data {"train": rec, "val": rec}."""
+    c, h, _ = s.image_chw
+    factor = SIDE / h
+    epochs = first_eval_from(s, MIN_EPOCHS - 1) + 1
+    flags = dict(standin="gpu", data_train=data["train"], data_val=data["val"], image_shape=f"{c},{SIDE},{SIDE}",
+                 batch_size=BATCH, num_examples=ranks * BATCH * STEPS, num_epochs=epochs, max_epochs=0,
+                 warmup_epochs=min(s.warmup_epochs, 1), accuracy_threshold=1.0, dgxnnodes=1, dgxngpu=ranks,
+                 kv_store="horovod", dali_threads=1, dali_prefetch_queue=2, seed=1, disp_batches=1,
+                 val_crop=scaled(s.val_crop, factor), prog_start_side=scaled(s.prog_start_side, factor, 16),
+                 prog_step=16 if s.prog_start_side else s.prog_step)
+    shrunk = [f"images {h} -> {SIDE} px (val crop, progressive sides alike), batch {s.batch_size} -> {BATCH} a rank, "
+              f"{STEPS} steps an epoch, {s.epoch_limit} -> {epochs} epochs (evals kept on their schedule), warmup "
+              f"{s.warmup_epochs:g} -> {flags['warmup_epochs']:g}, no target (top-1 1.0)",
+              f"{s.world_size} ranks ({s.dgxnnodes} x {s.dgxngpu}) -> {ranks} on this machine, Gloo in place of NCCL",
+              f"DALI threads {s.dali_threads} -> 1, queue {s.dali_prefetch_queue} -> 2"]
+    return Plan(flags, shrunk, ranks)
+
+
+def generated_records(folder, seed=0):
+    """{"train": rec, "val": rec} of CLASSES classes of small JPEGs made here: each class a colour and stripes of
+    its own under noise, of sizes that make the random crops and the val resize work."""
+    rng = np.random.RandomState(seed)
+    raw = os.path.join(folder, "jpegs")
+    for split, per_class in (("train", TRAIN_PER_CLASS), ("val", VAL_PER_CLASS)):
+        for k in range(CLASSES):
+            os.makedirs(os.path.join(raw, split, f"class{k}"), exist_ok=True)
+            for i in range(per_class):
+                h, w = rng.randint(SIDE + 8, 2 * SIDE, size=2)
+                stripes = (np.arange(w) // (k + 2) % 2)[None, :, None] * 60
+                pixels = np.clip(rng.normal(90 + 40 * k, 30, (h, w, 3)) + stripes, 0, 255).astype(np.uint8)
+                Image.fromarray(pixels).save(os.path.join(raw, split, f"class{k}", f"{i}.jpg"), quality=90)
+    pack_train_val(raw, folder, force=True)
+    return {split: os.path.join(folder, f"{split}.rec") for split in ("train", "val")}

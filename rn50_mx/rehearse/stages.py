@@ -1,0 +1,155 @@
+"""The rehearsal's stages: each runs the package's own command, as a GPU run would, on the stand-in build, and
+judges what it printed and wrote. A stage's verdict is one line: its figures, or the failure's own last words."""
+import json
+import os
+import re
+import signal
+import sys
+import time
+
+import mxnet as mx
+import numpy as np
+
+from .. import children, config
+from ..errors import InputError
+
+CHILD_TIMEOUT = 600
+ERROR = re.compile(r"(?:Error|error|rn50_mx[.\w]*:|Fused|refuse|not supported|Check failed)")
+
+
+class StageFailed(Exception):
+    """A stage's one-line verdict."""
+
+
+def horovodrun(ranks):
+    """This Python's horovodrun starting `ranks` Gloo ranks on this machine."""
+    return [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "--gloo", "-np", str(ranks), "-H",
+            f"localhost:{ranks}"]
+
+
+def command(plan, module, *extra, **changes):
+    """`python -m module` under horovodrun with the plan's flags (and `changes`, then `extra` arguments)."""
+    flags = [f"{config.flag_name(k)}={config.value_text(v)}" for k, v in {**plan.flags, **changes}.items()]
+    return [*horovodrun(plan.ranks), sys.executable, "-m", module, *extra, *flags]
+
+
+def cause(text):
+    """The line of a failed child's output that names its cause: the last that looks like an error, else the last."""
+    lines = [re.sub(r"^\[\d+\]<std(?:out|err)>:", "", line).strip() for line in text.splitlines() if line.strip()]
+    named = [line for line in lines if ERROR.search(line) and not line.startswith(("File ", "Traceback"))]
+    return ((named or lines or ["no output"])[-1])[:300]
+
+
+def run(cmd, out, code=0):
+    """Run `cmd` with its output to the file `out`; its text, or StageFailed naming the cause."""
+    with open(out, "w") as sink:
+        proc = children.start(cmd, stdout=sink, stderr=sink)
+    try:
+        proc.wait(timeout=CHILD_TIMEOUT)
+    except Exception:
+        children.stop(proc)
+        raise StageFailed(f"no end after {CHILD_TIMEOUT} s: {cause(open(out).read())}") from None
+    children.forget(proc)
+    text = open(out).read()
+    if code is not None and proc.returncode != code:
+        raise StageFailed(f"exit {proc.returncode}: {cause(text)}")
+    return text
+
+
+def mllog(path):
+    """[(key, value, metadata)] of an MLPerf log."""
+    with open(path) as f:
+        events = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in f if ":::MLLOG " in line]
+    return [(e["key"], e["value"], e.get("metadata", {})) for e in events]
+
+
+def train(plan, work):
+    """The whole run, nothing stopping it, its model saved: the reference every later stage compares with."""
+    log, model = os.path.join(work, "run.log"), os.path.join(work, "model")
+    text = run(command(plan, "rn50_mx.train", mllog_file=log, save_model=model), os.path.join(work, "run.out"))
+    events = mllog(log)
+    evals = [v for k, v, _ in events if k == "eval_accuracy"]
+    stops = [m.get("status") for k, _, m in events if k == "run_stop"]
+    if stops != ["aborted"] or not evals:  # no target: the run ends after its last eval
+        raise StageFailed(f"run_stop {stops}, {len(evals)} evals in {log}")
+    speeds = re.findall(r"epoch \d+: ([\d.]+) img/s", text)
+    return (f"{len(evals)} evals on schedule, run_stop aborted (no target), model saved; "
+            f"{speeds[-1] if speeds else '?'} img/s (stand-in: no GPU figure)"), dict(model=model, evals=evals)
+
+
+def stop_and_resume(plan, work, reference):
+    """SIGTERM to rank 0 in epoch 1: the ranks agree on a step 4 to 8 updates later, mid-epoch 2 or 3, write a
+    checkpoint there and stop; the resumed run ends with parameters bit-identical to the uninterrupted run's."""
+    folder, out = os.path.join(work, "checkpoints"), os.path.join(work, "stopped.out")
+    cmd = command(plan, "rn50_mx.train", checkpoint_dir=folder)
+    with open(out, "w") as sink:
+        proc = children.start(cmd, stdout=sink, stderr=sink)
+    deadline = time.time() + CHILD_TIMEOUT
+    while not re.search(r"epoch 1 step 1/", open(out).read()):
+        if proc.poll() is not None or time.time() > deadline:
+            children.stop(proc)
+            raise StageFailed(f"never reached its first step: {cause(open(out).read())}")
+        time.sleep(0.2)
+    os.kill(rank_pid(proc, 0), signal.SIGTERM)
+    proc.wait(timeout=CHILD_TIMEOUT)
+    children.forget(proc)
+    stopped = re.search(r"stopped at epoch (\d+) step (\d+)", open(out).read())
+    if not stopped:
+        raise StageFailed(f"no resumable stop: {cause(open(out).read())}")
+    model = os.path.join(work, "resumed")
+    run(command(plan, "rn50_mx.train", checkpoint_dir=folder, save_model=model), os.path.join(work, "resumed.out"))
+    differ = different_params(model, reference["model"])
+    if differ:
+        raise StageFailed(f"the resumed run's {differ} differs from the uninterrupted run's")
+    return f"stopped at epoch {stopped[1]} step {stopped[2]}, resumed: every parameter bit-identical"
+
+
+def rank_pid(proc, rank):
+    """The pid of rank `rank`'s Python under horovodrun."""
+    import psutil
+
+    for p in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            if p.environ().get("HOROVOD_RANK") == str(rank) and "python" in os.path.basename(p.cmdline()[0]):
+                return p.pid
+        except (psutil.NoSuchProcess, psutil.AccessDenied, IndexError):
+            pass
+    raise StageFailed(f"no rank {rank} process under horovodrun")
+
+
+def different_params(prefix, reference):
+    """The first parameter of PREFIX-0000.params that is not bit-identical to REFERENCE's, or None."""
+    ours, theirs = mx.nd.load(prefix + "-0000.params"), mx.nd.load(reference + "-0000.params")
+    if ours.keys() != theirs.keys():
+        return "parameter list"
+    return next((k for k in sorted(ours) if not np.array_equal(ours[k].asnumpy(), theirs[k].asnumpy())), None)
+
+
+def evaluate(plan, work, reference):
+    """`python -m rn50_mx.evaluate --model` on the saved model gives the run's last logged top-1."""
+    text = run(command(plan, "rn50_mx.evaluate", "--model", reference["model"]), os.path.join(work, "evaluate.out"))
+    found = re.search(r"top-1 ([\d.]+)", text)
+    if not found:
+        raise StageFailed(f"no top-1 in its output: {cause(text)}")
+    if abs(float(found[1]) - reference["evals"][-1]) > 5e-5:
+        raise StageFailed(f"top-1 {found[1]} against the run's last eval {reference['evals'][-1]:.4f}")
+    return f"top-1 {found[1]}: the run's last eval"
+
+
+def selftest(plan, work):
+    """The self-test's rows on the stand-in: every row that can run here passes; GPU-only rows say why not."""
+    flags = [f"{config.flag_name(k)}={config.value_text(v)}" for k, v in plan.flags.items()]
+    cmd = [sys.executable, "-m", "rn50_mx.selftest", "--ranks", str(plan.ranks), "--steps", "2", *flags]
+    text = run(cmd, os.path.join(work, "selftest.out"), code=None)
+    failed = [line for line in text.splitlines() if re.match(r"^\S.*\s{2}FAIL\s{2}", line)]
+    if failed or "selftest: all checks passed" not in text:
+        raise StageFailed(" ".join((failed or [cause(text)])[0].split()))
+    rows = [line for line in text.splitlines() if re.match(r"^\S.*\s{2}(ok|-)\s{2,}", line)]
+    return f"{sum(' ok ' in r for r in rows)} rows passed, {sum('  -  ' in r for r in rows)} not for this machine"
+
+
+def checked_ranks(ranks):
+    """--ranks: 1 to this machine's CPUs (each rank wants one)."""
+    if not 1 <= ranks <= os.cpu_count():
+        raise InputError(f"--ranks={ranks}: must be 1 to {os.cpu_count()} (the CPUs of this machine)")
+    return ranks
