@@ -34,15 +34,24 @@ GPU_ONLY = ("kernel speed (images/s): the stand-in's figures are a CPU's",
 def parse_args(argv):
     parser = config.tool_parser("python -m rn50_mx.rehearse", __doc__)
     parser.add_argument("--ranks", type=int, default=2, help="processes standing in for the config's GPUs (default 2)")
+    parser.add_argument("--quick", action="store_true", help="the whole run only: no stop and resume, evaluate or "
+                        "self-test (CI rehearses every config's code path so)")
     parser.add_argument("--work", default="", help="folder of the rehearsal's data, logs and models (default: a "
                         "temporary folder, removed at the end)")
     args, flags = parser.parse_known_args(argv)
     stages.checked_ranks(args.ranks)
+    if args.work and (os.path.islink(args.work) or (os.path.exists(args.work) and not empty_folder(args.work))):
+        raise InputError(f"--work {args.work}: must be a new or empty folder (the rehearsal's runs write there)")
     return args, flags
 
 
-def rehearse(s, ranks, work):
-    """[Row] of every stage, in order; a stage whose input an earlier one failed to make is not run."""
+def empty_folder(path):
+    return os.path.isdir(path) and not os.listdir(path)
+
+
+def rehearse(s, ranks, work, quick=False):
+    """[Row] of every stage, in order (with `quick`, the run alone); a stage whose input an earlier one failed to
+    make is not run."""
     rows = [Row("config", True, f"{s.dgxsystem or 'sourced'}: {s.device} {s.input_layout} {s.dtype}, "
                 f"{s.optimizer}, batch {s.batch_size} x {s.world_size}")]
     if s.device != "gpu":
@@ -53,10 +62,11 @@ def rehearse(s, ranks, work):
     plan = planning.shrink(s, ranks, data)
     rows += [Row("shrunk", None, line) for line in plan.shrunk]
     reference = attempt(rows, "train", stages.train, plan, work)
-    if reference:
+    if reference and not quick:
         attempt(rows, "stop and resume", stages.stop_and_resume, plan, work, reference)
         attempt(rows, "evaluate", stages.evaluate, plan, work, reference)
-    attempt(rows, "self-test", stages.selftest, plan, work)
+    if not quick:
+        attempt(rows, "self-test", stages.selftest, plan, work)
     return rows + [Row("GPU only", None, what) for what in GPU_ONLY]
 
 
@@ -80,11 +90,16 @@ def main():
     s = config.load(flags, prog="rn50_mx.rehearse")
     tic = time.time()
     if args.work:
-        os.makedirs(args.work, exist_ok=True)
-        rows = rehearse(s, args.ranks, args.work)
+        try:
+            os.makedirs(args.work, exist_ok=True)
+            probe = tempfile.NamedTemporaryFile(dir=args.work)
+        except OSError as err:
+            raise InputError(f"--work {args.work}: cannot write there ({err.strerror})") from None
+        probe.close()
+        rows = rehearse(s, args.ranks, args.work, args.quick)
     else:
         with tempfile.TemporaryDirectory(prefix="rn50-rehearse-") as work:
-            rows = rehearse(s, args.ranks, work)
+            rows = rehearse(s, args.ranks, work, args.quick)
     print(table(rows))
     failed = [r.name for r in rows if r.status is False]
     verdict = f"FAILED: {', '.join(failed)}" if failed else "every stage ran"

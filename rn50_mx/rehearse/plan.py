@@ -9,6 +9,7 @@ import os
 import numpy as np
 from PIL import Image
 
+from .. import config
 from ..prep_rec.folders import pack_train_val
 
 SIDE = 64  # pixels of the shrunk training crop: every stage of ResNet-50 still has a 2x2 map
@@ -47,13 +48,31 @@ def shrink(s, ranks, data):
                  warmup_epochs=min(s.warmup_epochs, 1), accuracy_threshold=1.0, dgxnnodes=1, dgxngpu=ranks,
                  kv_store="horovod", dali_threads=1, dali_prefetch_queue=2, seed=1, disp_batches=1,
                  val_crop=scaled(s.val_crop, factor), prog_start_side=scaled(s.prog_start_side, factor, 16),
-                 prog_step=16 if s.prog_start_side else s.prog_step)
+                 prog_step=16 if s.prog_start_side else s.prog_step, ema_every=min(s.ema_every, STEPS))
+    if s.prog_start_side:  # the ramp inside the shrunk run: the first epoch at the start side, the last at H,W
+        flags.update(prog_start_epoch=0, prog_end_epoch=epochs - 1)
     shrunk = [f"images {h} -> {SIDE} px (val crop, progressive sides alike), batch {s.batch_size} -> {BATCH} a rank, "
               f"{STEPS} steps an epoch, {s.epoch_limit} -> {epochs} epochs (evals kept on their schedule), warmup "
               f"{s.warmup_epochs:g} -> {flags['warmup_epochs']:g}, no target (top-1 1.0)",
               f"{s.world_size} ranks ({s.dgxnnodes} x {s.dgxngpu}) -> {ranks} on this machine, Gloo in place of NCCL",
-              f"DALI threads {s.dali_threads} -> 1, queue {s.dali_prefetch_queue} -> 2"]
+              f"DALI threads {s.dali_threads} -> 1, queue {s.dali_prefetch_queue} -> 2"
+              + (f", weight EMA every {s.ema_every} -> {flags['ema_every']} steps" if s.ema_decay else "")
+              + (", progressive ramp over the shrunk epochs" if s.prog_start_side else "")]
     return Plan(flags, shrunk, ranks)
+
+
+# Settings that are values only: they choose no code, so two configs that differ in these alone take one code path.
+VALUES_ONLY = {"lr", "end_lr", "wd", "mom", "lars_eta", "lars_eps", "label_smoothing", "ema_decay", "warmup_epochs",
+               "dgxsystem", "dali_hw_decoder_load", "dali_nvjpeg_memory_padding", "dali_preallocate_width",
+               "dali_preallocate_height", "dali_tmp_buffer_hint", "dali_decoder_buffer_hint",
+               "dali_crop_buffer_hint", "dali_normalize_buffer_hint", "dali_initial_fill", "val_resize",
+               "exit_timeout", "horovod_num_groups", "omp_num_threads", "optimizer_aggregation_size"}
+
+
+def code_path(s, plan):
+    """The shrunk settings that choose code: what makes two configs' rehearsals differ."""
+    shrunk = s.replace(**plan.flags)
+    return tuple((name, getattr(shrunk, name)) for name in sorted(config.FIELDS) if name not in VALUES_ONLY)
 
 
 def generated_records(folder, seed=0):

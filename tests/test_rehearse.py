@@ -1,0 +1,155 @@
+"""`python -m rn50_mx.rehearse`: every GPU config's code path run on this CPU, on the stand-in build (rn50_mx/standin),
+as a user runs it before queueing on a cluster: the shipped NF5688M6 config end to end (the run, SIGTERM and an
+exact resume, evaluate, the self-test), then one quick rehearsal (the run alone) per code path among the GPU configs
+in config/ and those the recipe writes for A100 and H100 at 1, 2 and 8 nodes, closed and open; configs that differ
+only in values (LR, weight decay, hints: plan.VALUES_ONLY) share a path. Then GPU review 4's crashes, each a config
+whose rehearsal fails on the code before, and the command's refusals."""
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from rn50_mx import config
+from rn50_mx.rehearse import plan
+from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, sourced
+
+GPU_ONLY_WORDS = "this says nothing of whether the GPU run will work"
+
+
+def rehearse(system, *args, env=None, timeout=900, config_dir="config"):
+    """`source <config_dir>/<system>.sh && python -m rn50_mx.rehearse ARGS` (with `env` exported after the config)."""
+    exports = "".join(f"export {name}={value!r}; " for name, value in (env or {}).items())
+    script = (f"set -euo pipefail; source {config_dir}/{system}.sh; {exports}"
+              f"exec {sys.executable} -m rn50_mx.rehearse {' '.join(args)}")
+    return subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env={"PATH": ENV_PATH, "HOME": os.environ.get("HOME", "/tmp"), **PYTHONPATH})
+
+
+def rows(text):
+    """{stage: (status, detail)} of the rehearsal's table (the last row of a name)."""
+    found = {}
+    for line in text.splitlines():
+        for name in ("config", "train", "stop and resume", "evaluate", "self-test"):
+            if line.startswith(name + "  "):
+                status, _, detail = line[len(name):].strip().partition("  ")
+                found[name] = (status, detail.strip())
+    return found
+
+
+@pytest.mark.slow
+def test_the_shipped_config_rehearses_end_to_end(tmp_path):
+    result = rehearse("NF5688M6", "--work", str(tmp_path / "work"))
+    table = rows(result.stdout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    for stage in ("train", "stop and resume", "evaluate", "self-test"):
+        assert table[stage][0] == "ok", (stage, table)
+    assert "bit-identical" in table["stop and resume"][1] and "the run's last eval" in table["evaluate"][1]
+    assert GPU_ONLY_WORDS in result.stdout and "GPU only" in result.stdout
+    assert "8 ranks (1 x 8) -> 2 on this machine" in result.stdout
+
+
+def settings_of(path):
+    """The settings a config file gives (sourced in a clean bash)."""
+    out = subprocess.run(["bash", "-c", 'source "$1" && env -0', "bash", path], capture_output=True, text=True,
+                         env={"PATH": ENV_PATH}).stdout
+    return config.load([], environ=dict(kv.split("=", 1) for kv in out.split("\0") if "=" in kv))
+
+
+@pytest.fixture(scope="module")
+def configs(tmp_path_factory):
+    """A copy of config/ with the recipe's configs for A100 and H100 at 1, 2 and 8 nodes, closed and open."""
+    folder = tmp_path_factory.mktemp("configs") / "config"
+    shutil.copytree(os.path.join(ROOT, "config"), folder)
+    for gpu in ("A100", "H100"):
+        for nodes in (1, 2, 8):
+            for division in ("closed", "open"):
+                subprocess.run([sys.executable, "-m", "rn50_mx.recipe", "--nodes", str(nodes), "--gpus-per-node", "8",
+                                "--gpu", gpu, "--system", f"R{gpu}x{nodes}", "--config-dir", str(folder),
+                                "--division", division], check=True, capture_output=True, env={**os.environ,
+                                                                                                **PYTHONPATH})
+    return folder
+
+
+def code_paths(folder):
+    """{code path: [config names]} of the GPU configs in `folder` (those not named CPU*, fragments left out)."""
+    paths = {}
+    for path in sorted(glob.glob(str(folder / "*.sh"))):
+        name = os.path.basename(path)[:-3]
+        if name.startswith("CPU") or name in ("gpu_common", "A100x8_1node_common"):
+            continue
+        s = settings_of(path)
+        paths.setdefault(plan.code_path(s, plan.shrink(s, 2, {"train": "t.rec", "val": "v.rec"})), []).append(name)
+    return paths
+
+
+@pytest.mark.slow
+def test_every_gpu_config_s_code_path_rehearses(configs, tmp_path):
+    """12 recipe configs and the 4 shipped ones; the path of NF5688M6 is the end-to-end test's."""
+    paths = code_paths(configs)
+    assert sum(map(len, paths.values())) == 16 and len(paths) >= 4, paths
+    failed = []
+    for names in paths.values():
+        if "NF5688M6" in names:
+            continue
+        result = rehearse(names[0], "--quick", "--work", str(tmp_path / names[0]), config_dir=str(configs))
+        if result.returncode != 0 or rows(result.stdout)["train"][0] != "ok":
+            failed.append((names, result.stdout[-1500:] + result.stderr[-1000:]))
+    assert not failed, failed
+
+
+@pytest.mark.slow
+def test_float32_on_the_nhwc_layout_rehearses(tmp_path):
+    """GPU review 4, F1: DTYPE=float32 with NHWC (the batch schedule's way out of its float16 refusal) died at the
+    first BatchNorm on NVIDIA's MXNet, the fused kernels on for any dtype; the stand-in refuses as the fork does
+    ("Fused ReLU activation is only supported with float16 NHWC Batchnorm"), so the rehearsal failed there."""
+    result = rehearse("NF5688M6", "--quick", "--work", str(tmp_path / "work"), env={"DTYPE": "float32"})
+    assert result.returncode == 0 and rows(result.stdout)["train"][0] == "ok", result.stdout[-3000:]
+
+
+@pytest.mark.parametrize("system, args, env, name", [
+    ("NF5688M6", ["--ranks", "0"], {}, "--ranks=0"),
+    ("NF5688M6", ["--ranks", "100000"], {}, "--ranks=100000"),
+    ("CPU", ["--quick"], {}, "DEVICE=cpu: not a GPU config"),
+    ("NF5688M6", ["--quick"], {"DTYPE": "float8"}, "DTYPE"),
+])
+def test_bad_input_is_one_line(system, args, env, name):
+    assert_one_line_naming(rehearse(system, *args, env=env, timeout=120), name)
+
+
+def test_a_work_folder_it_cannot_own_is_one_line(tmp_path):
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "run.log").write_text("someone's log\n")
+    os.symlink(tmp_path / "elsewhere", tmp_path / "link")
+    (tmp_path / "a file").write_text("")
+    for work, words in (("used", "must be a new or empty folder"), ("link", "must be a new or empty folder"),
+                        ("a file/sub", "cannot write there")):
+        result = rehearse("NF5688M6", "--quick", "--work", repr(str(tmp_path / work)), timeout=120)
+        assert_one_line_naming(result, words)
+    assert (tmp_path / "used" / "run.log").read_text() == "someone's log\n"
+    assert not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.slow
+def test_sigterm_midway_leaves_no_process(tmp_path):
+    """A stopped rehearsal ends its horovodrun and every rank (children.stop_on_sigterm)."""
+    script = (f"set -euo pipefail; source config/NF5688M6.sh; exec {sys.executable} -m rn50_mx.rehearse --quick "
+              f"--work {tmp_path / 'work'}")
+    proc = subprocess.Popen(["bash", "-c", script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={"PATH": ENV_PATH, "HOME": "/tmp", **PYTHONPATH}, start_new_session=True)
+    deadline = time.time() + 300
+    while not any("rn50_mx.train" in " ".join(p.cmdline()) for p in psutil.Process(proc.pid).children(recursive=True)
+                  if p.is_running()):
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.5)
+    descendants = psutil.Process(proc.pid).children(recursive=True)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    time.sleep(2)
+    assert proc.returncode != 0
+    assert not [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
