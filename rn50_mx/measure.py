@@ -28,7 +28,8 @@ import time
 DRAIN = 3  # untimed steps before each timed window: DALI's default prefetch depth (2) + 1
 # The open levers a measurement leaves out: (Settings field, its value when off, what timing without it means).
 LEFT_OUT = (("prog_start_side", 0, "progressive resizing (every batch at IMAGE_SHAPE: the run's largest size, its "
-             "input's hardest case, and the only one the synthetic ceiling has)"),)
+             "input's hardest case, and the only one the synthetic ceiling has)"),
+            ("batch_schedule", "", "the batch-size schedule (an optimizer update at every step, as at factor 1)"))
 
 Rate = collections.namedtuple("Rate", "images_per_s images_per_cpu_s wait_share")
 
