@@ -27,7 +27,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from rn50_mx import config  # noqa: E402
+from rn50_mx import config, measure  # noqa: E402
 from rn50_mx.errors import InputError, run_cli  # noqa: E402
 
 MARK = "SCALING_RESULT "
@@ -65,7 +65,7 @@ def worker(args, train_flags):
     import mxnet as mx
     from rn50_mx import data, dist, train
 
-    s = settings(args, int(args.procs), train_flags)  # a worker's --procs is its own process count
+    s = measure.timed(settings(args, int(args.procs), train_flags))  # a worker's --procs is its own process count
     d = dist.init(s)
     _, seed = train.rank_seed(s, d)
     ctx = dist.context(s, d.local_rank)
@@ -128,9 +128,10 @@ def main():
     if any(args.global_batch % n for n in counts):
         raise InputError(f"--global-batch {args.global_batch} does not split evenly over {args.procs} processes")
     for n in counts:  # a bad flag stops here, in one line, before any process starts
-        settings(args, n, train_flags)
+        note = measure.left_out(settings(args, n, train_flags))
     print(f"ResNet-50, synthetic {args.image_size}x{args.image_size}, global batch {args.global_batch}, "
-          f"{args.steps} steps after {args.warmup}; extra flags: {' '.join(train_flags) or '-'}")
+          f"{args.steps} steps after {args.warmup}; extra flags: {' '.join(train_flags) or '-'}"
+          + (note and f"; {note}"))
     print(f"{'procs':>5} {'step ms':>9} {'images/s':>9} {'fwd+bwd':>9} {'allreduce':>9} {'update':>9} {'share':>6}")
     results = []
     for n in counts:

@@ -121,7 +121,7 @@ class Settings:
                                 "(0 = unset: MXNet takes half the logical CPUs)", env="OMP_NUM_THREADS", low=0,
                                 high=1024)
     fused_bn: bool = _opt(True, "run BN->ReLU and BN->add->ReLU as one kernel each where MXNet has those kernels "
-                          "(NGC builds, NHWC); 0 = separate kernels everywhere", env="RN50_FUSED_BN")
+                          "(NGC builds, NHWC, float16); 0 = separate kernels everywhere", env="RN50_FUSED_BN")
     normconv: bool = _opt(True, "run each bottleneck's conv -> BN (-> add) -> ReLU as NVIDIA's NormConv fusions "
                           "(the reference's resnet-v1b-stats-fl) where MXNet has those operators (NGC builds, NHWC, "
                           "float16); 0 = plain kernels", env="RN50_NORMCONV")

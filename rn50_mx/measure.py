@@ -16,6 +16,9 @@ rounds, so only contenders timed side by side are compared.
 A Rate is images/s; images per CPU-second of the process (all its threads, DALI's and MXNet's: it hardly moves
 when other work shares the machine); and the share of the time spent inside next() on the batches (for real data,
 waiting for DALI; the engine computes meanwhile). The caller decides the device: every function takes `ctx`.
+
+Open levers that change a run's step over its epochs (LEFT_OUT) are off in a measurement: synthetic_vs_real and the
+tuner time timed(s), and left_out(s) says so in their reports.
 """
 import collections
 import functools
@@ -23,6 +26,10 @@ import statistics
 import time
 
 DRAIN = 3  # untimed steps before each timed window: DALI's default prefetch depth (2) + 1
+# The open levers a measurement leaves out: (Settings field, its value when off, what timing without it means).
+LEFT_OUT = (("prog_start_side", 0, "progressive resizing (every batch at IMAGE_SHAPE: the run's largest size, its "
+             "input's hardest case, and the only one the synthetic ceiling has)"),
+            ("batch_schedule", "", "the batch-size schedule (an optimizer update at every step, as at factor 1)"))
 
 Rate = collections.namedtuple("Rate", "images_per_s images_per_cpu_s wait_share")
 
@@ -116,9 +123,21 @@ def drain_for(s):
     return max(DRAIN, s.dali_prefetch_queue + 1)
 
 
+def timed(s):
+    """The settings that stand for `s` in a measurement: its LEFT_OUT levers off."""
+    return s.replace(**{name: off for name, off, _ in LEFT_OUT})
+
+
+def left_out(s):
+    """"timed without ..." for each LEFT_OUT lever `s` turns on, for a report ("" when none)."""
+    return "; ".join(f"timed without {words}" for name, off, words in LEFT_OUT if getattr(s, name) != off)
+
+
 def synthetic_vs_real(s, ctx, rounds=5, steps=5):
     """{"synthetic": Rate, "real": Rate}: the config's training step (hybridized, as train.py) on constant batches,
-    the ceiling, and on its real data, timed side by side on `ctx` after drain_for(s) untimed steps each."""
+    the ceiling, and on its real data, timed side by side on `ctx` after drain_for(s) untimed steps each; timed(s)
+    stands for `s`."""
+    s = timed(s)
     runs = sources(s, ctx)
     step = train_step(s, ctx)
     return compare({name: (step, b) for name, b in runs.items()}, s.batch_size, rounds, steps, drain_for(s))

@@ -245,8 +245,10 @@ def build_model(settings, ctx=None):
     running statistics in float32; the float32 master weights live in the optimizer (multi_precision).
     """
     nhwc = settings.input_layout == "NHWC"
-    fused = settings.fused_bn and nhwc and fused_batchnorm_available()
-    # NormConv's cuDNN kernels take float16 NHWC only (cudnn_normalized_convolution-inl.h, Supports).
+    # NVIDIA's fork refuses BatchNorm(act_type) where its NHWC kernel does not run, and that kernel takes float16
+    # only (sneaxiy/NVIDIA-MxNet batch_norm.cu:1110-1114, cudnn/nhwc_batch_norm-inl.h:296-308, Supports); likewise
+    # NormConv's cuDNN kernels (cudnn_normalized_convolution-inl.h, Supports).
+    fused = settings.fused_bn and nhwc and settings.dtype == "float16" and fused_batchnorm_available()
     normconv = settings.normconv and nhwc and settings.dtype == "float16" and normconv_available()
     layout = Layout(settings.input_layout, settings.batchnorm_eps, settings.batchnorm_mom, fused,
                     settings.batch_size if normconv else 0)

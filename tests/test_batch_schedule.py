@@ -248,3 +248,28 @@ def test_the_schedule_is_an_open_lever_listed_by_check(capsys):
 if __name__ == "__main__":
     if sys.argv[1] == "worker":
         schedule_worker(*sys.argv[2:])
+
+
+# --- measurements --------------------------------------------------------------------------------------------
+
+def test_the_timed_step_of_a_schedule_config_is_one_update_on_its_own_gradients(three_classes):
+    """GPU review 4, F4: the tuner's and the self-test's timed step called trainer.step at every step on the sums that
+    the schedule's grad_req 'add' kept and nothing cleared: an update each step on every gradient so far. They now
+    time the step without the schedule, as a run at factor 1 takes it, and say so. A zero rate keeps the
+    weights still, so every step's own gradient is the same."""
+    from rn50_mx.selftest import checks
+    from rn50_mx.tune import workers
+    from tests.support.settings import open_settings
+
+    s = open_settings(three_classes, batch_schedule="0:4", optimizer="sgd", lr=0.0, end_lr=0.0,
+                      warmup_epochs=0)
+    local = workers.Local(s, mx.cpu())
+    trainer, batch = local.step.args[2], next(local.batches(None))
+    weight = next(p for p in trainer._params if p.name == "fc1_weight")
+    grads = []
+    for _ in range(3):
+        local.step(batch).wait_to_read()
+        grads.append(weight.grad().asnumpy())
+    assert trainer._optimizer.num_update == 3
+    np.testing.assert_array_equal(grads[2], grads[0])
+    assert "timed without the batch-size schedule" in checks.timed_steps(s, mx.cpu(), 1)

@@ -165,6 +165,56 @@ def test_a_checkpoint_is_saved_from_the_host_and_resumes_on_the_rank_s_device(sm
     assert all(np.array_equal(runs[0][k], runs[1][k]) for k in runs[0])
 
 
+def hand_step(trainer, grads):
+    """One step of `trainer` on gradients set by hand: each parameter's is d/dw sum(w * g) = g (on the CPU a float16
+    layer has no forward kernel; an elementwise product has)."""
+    for param, grad in zip(trainer._params, grads):
+        with mx.autograd.record():
+            product = param.data() * mx.nd.array(grad, ctx=RUN_CONTEXT, dtype="float16")
+        product.backward()
+    trainer.step(1)
+
+
+def test_a_float16_sgd_state_without_momentum_round_trips_through_the_trainer_file(strict_contexts, tmp_path):
+    """GPU review 4, F3: `OPTIMIZER=sgd MOM=0 DTYPE=float16` keeps (None, float32 master) states (MXNet's SGD under
+    multi_precision, optimizer.py:583-600), and the old trainer file called as_in_context on the None at the first
+    checkpoint. Float16 weights on cpu(1): save after a step, restore into a fresh trainer on the saved weights (as
+    the params file gives them back), one more step: weights and masters bit for bit the uninterrupted run's."""
+    from rn50_mx import optim
+    from rn50_mx.checkpoint import contents, trainer_file
+
+    rng = np.random.RandomState(0)
+    shapes = [(4, 3, 3, 3), (4,)]
+    start = [rng.standard_normal(shape).astype("float16") for shape in shapes]
+    grads = [[rng.standard_normal(shape).astype("float16") for shape in shapes] for _ in range(2)]
+    s = Settings(optimizer="sgd", mom=0.0, dtype="float16", lr=0.5, warmup_epochs=0, num_epochs=2)
+
+    def trainer_on(values):
+        params = mx.gluon.ParameterDict()
+        for i, value in enumerate(values):
+            params.get(f"p{i}_weight", shape=value.shape, dtype="float16").initialize(ctx=RUN_CONTEXT)
+        for param, value in zip(params.values(), values):
+            param.set_data(mx.nd.array(value, ctx=RUN_CONTEXT, dtype="float16"))
+        return mx.gluon.Trainer(params, optim.make_optimizer(s, 10), kvstore=None)
+
+    def held(trainer):
+        return [p.data().asnumpy() for p in trainer._params] + [state[1].asnumpy()
+                                                                 for state in trainer._updaters[0].states.values()]
+
+    whole = trainer_on(start)
+    hand_step(whole, grads[0])
+    assert [state[0] for state in whole._updaters[0].states.values()] == [None, None]
+    trainer_file.save(whole, str(tmp_path))
+    contents.check_trainer(str(tmp_path), [(shape, np.dtype("float16")) for shape in shapes])
+    resumed = trainer_on([p.data().asnumpy() for p in whole._params])
+    trainer_file.restore(resumed, str(tmp_path))
+    for trainer in (whole, resumed):
+        hand_step(trainer, grads[1])
+    assert [state[0] for state in resumed._updaters[0].states.values()] == [None, None]
+    assert resumed._optimizer.num_update == whole._optimizer.num_update == 2
+    assert all(np.array_equal(a, b) for a, b in zip(held(resumed), held(whole)))
+
+
 def test_float32_averages_reach_float16_weights_on_the_device(strict_contexts):
     """A CUDA build copies between devices only within one type (ndarray_function.cu, Copy<cpu, gpu>), and the strict
     check refuses the same here. A checkpoint with a weight EMA holds float32 averages for float16 weights: evaluate

@@ -1,4 +1,5 @@
 """ResNet-50 v1.5: size, names, parameter roles, initialisation, precision, hybridisation, and layouts."""
+import functools
 import json
 
 import mxnet as mx
@@ -174,6 +175,20 @@ def test_an_nhwc_model_takes_the_fused_kernels_when_the_build_has_them(monkeypat
         fused(mx.sym.var("data"))
     assert not model.build_model(nhwc.replace(fused_bn=False)).bn0.fused
     assert not model.build_model(Settings()).bn0.fused  # NCHW (CPU): never
+
+
+def test_the_fused_batchnorm_kernels_take_float16_only(monkeypatch):
+    """GPU review 4, F1: NVIDIA's fork stops at a BatchNorm(act_type='relu') that its NHWC kernel does not take,
+    and that kernel takes float16 only (batch_norm.cu:1110-1114, nhwc_batch_norm-inl.h:296-308): NHWC float32, the
+    batch schedule's way out of its float16 refusal, must run separate kernels."""
+    stock = mx.operator.get_operator_arguments("BatchNorm").names
+    ngc = Registry(stock + ["act_type"], lambda: ["BatchNorm", "BatchNormAddRelu"])
+    monkeypatch.setattr(model, "fused_batchnorm_available",
+                        functools.partial(model.fused_batchnorm_available, ngc.arguments_of, ngc.operators))
+    for dtype, count in (("float32", 0), ("float16", 49)):
+        blocks = []
+        model.build_model(NHWC.replace(dtype=dtype, num_classes=10)).apply(blocks.append)
+        assert sum(isinstance(b, model.BatchNormReLU) and b.fused for b in blocks) == count, dtype
 
 
 def two_units(layout, batch_hw):

@@ -205,3 +205,25 @@ def test_a_fatal_normconv_kernel_names_the_setting_that_avoids_it():
     with pytest.raises(CheckFailed, match=r"^the NormConv kernels failed on this GPU \(\[NormConvolution\] No "
                                           r"fallback impl\); train with RN50_NORMCONV=0$"):
         checks.layout_precision(s, mx.cpu(), net, batch)
+
+
+@pytest.mark.parametrize("levers, shapes, note", [
+    (dict(val_crop=64), "train (4, 3, 32, 32) and val (4, 3, 64, 64)", ""),
+    (dict(prog_start_side=16, prog_step=16, prog_start_epoch=0, prog_end_epoch=2, num_epochs=3),
+     "train (4, 3, 16, 16) and val (4, 3, 32, 32)", "; timed without progressive resizing (every batch at IMAGE_SHAPE"),
+], ids=["val-crop", "progressive"])
+def test_the_pipelines_and_train_steps_rows_pass_with_the_open_levers(three_classes, levers, shapes, note):
+    """GPU review 4, F2: the pipelines check expected IMAGE_SHAPE of both splits, and the timed steps built their
+    synthetic ceiling with --synthetic, which progressive resizing refuses: the recipe's open GPU config failed
+    both rows. Both contenders are now timed without the lever, and the row says so."""
+    from rn50_mx.selftest import checks
+    from rn50_mx.selftest.report import attempt
+    from tests.support.settings import open_settings
+
+    s = open_settings(three_classes, **levers)
+    rows = []
+    attempt(rows, "pipelines", checks.pipelines, s, mx.cpu())
+    attempt(rows, "train steps", checks.timed_steps, s, mx.cpu(), 1)
+    assert [row.status for row in rows] == [True, True], rows
+    assert rows[0].detail.startswith(f"{shapes} float32 NCHW on cpu(0), train 24 and val 12 images"), rows[0]
+    assert ("real/synthetic" in rows[1].detail) and (note in rows[1].detail), rows[1]

@@ -122,3 +122,14 @@ def test_dry_run_prints_the_plan_without_data():
     assert result.returncode == 0, result.stderr
     assert "train data not given (the timed run needs DATADIR or --data-train)" in result.stdout
     assert "DALI_THREADS" in result.stdout and "stops at real/synthetic" in result.stdout
+
+
+def test_the_tuner_times_a_progressive_config_at_image_shape(three_classes):
+    """GPU review 4, F2: the tuner's ceiling was `--synthetic`, which progressive resizing refuses (a SettingsError
+    before any timing on the recipe's open GPU config); both contenders are now timed without the lever."""
+    from tests.support.settings import open_settings
+
+    s = open_settings(three_classes, prog_start_side=16, prog_step=16, prog_end_epoch=2, num_epochs=3)
+    local = workers.Local(s, mx.cpu())
+    rates = [local.rate(None, 1), local.rate(space.start(s), 1)]  # synthetic batches, then the real pipeline's
+    assert all(rate.images_per_s > 0 for rate in rates)

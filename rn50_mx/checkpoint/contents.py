@@ -126,7 +126,8 @@ def load_json(folder, name):
 
 
 def check_trainer(folder, params):
-    """trainer.json's counts and the trainer's arrays: one part per state it lists, each of its parameter's shape."""
+    """trainer.json's counts and the trainer's arrays: one part per state it lists, but those it lists as None, each
+    of its parameter's shape."""
     plain = load_json(folder, trainer_file.COUNTS)
     where = trainer_file.COUNTS
     field(plain, "num_update", int, where, low=0)
@@ -135,8 +136,14 @@ def check_trainer(folder, params):
             if not index.isdigit() or int(index) >= len(params):
                 raise Bad(f"{where}: {key} names parameter {index!r}, which the model has not")
             field({index: value}, index, int, f"{where}'s {key}", low=0)
+    none = field(plain, "none", dict, where) if "none" in plain else {}
+    for index, positions in none.items():
+        if not (isinstance(positions, list) and all(type(k) is int and 0 <= k < plain["parts"].get(index, 0)
+                                                    for k in positions)):
+            raise Bad(f"{where}: none[{index!r}] is not a list of parts of a state it lists")
     arrays = load_arrays(folder, trainer_file.STATES)
-    wanted = {f"{index}.{k}" for index, count in plain["parts"].items() for k in range(count)}
+    wanted = {f"{index}.{k}" for index, count in plain["parts"].items() for k in range(count)
+              if k not in none.get(index, [])}
     if set(arrays) != wanted:
         odd = sorted(set(arrays) ^ wanted)[0]
         raise Bad(f"{trainer_file.STATES}: {'has no' if odd in wanted else 'holds an unlisted'} state {odd!r}")

@@ -16,14 +16,15 @@ STEP_RTOL = 1e-4  # one LARS step's master weights against float32: the same ari
 
 
 def pipelines(s, ctx):
-    """A few real batches from each pipeline: the configured shape, dtype and device, finite, labels in range."""
+    """A few real batches from each pipeline: the configured shape (the first epoch's train size, the eval size),
+    dtype and device, finite, labels in range."""
     import numpy as np
 
     from .. import data
 
     train_it, val_it = data.make_iters(s, 0, 1, s.seed or 1, ctx)
-    shape = data.batch_shape(s)
-    for name, it, count in (("train", train_it, 2), ("val", val_it, 1)):
+    shapes = data.batch_shape(s, hw=s.train_hw(0)), data.batch_shape(s, train=False)
+    for name, it, count, shape in (("train", train_it, 2, shapes[0]), ("val", val_it, 1, shapes[1])):
         for batch, _ in zip(it, range(count)):
             x, y = batch.data[0], batch.label[0].asnumpy()
             if x.shape != shape or np.dtype(x.dtype) != np.dtype(s.dtype) or x.context != ctx:
@@ -32,7 +33,8 @@ def pipelines(s, ctx):
                 raise CheckFailed(f"{name} batch has non-finite values")
             if y.min() < 0 or y.max() >= s.num_classes:
                 raise CheckFailed(f"{name} labels outside [0, {s.num_classes})")
-    detail = f"{shape} {s.dtype} {s.input_layout} on {ctx}, train {train_it.num_samples} and val " \
+    shown = shapes[0] if shapes[0] == shapes[1] else "train {} and val {}".format(*shapes)
+    detail = f"{shown} {s.dtype} {s.input_layout} on {ctx}, train {train_it.num_samples} and val " \
              f"{val_it.num_samples} images"
     return detail, (train_it, val_it)
 
@@ -221,7 +223,8 @@ def timed_steps(s, ctx, steps):
     """Training images/s on synthetic and on real batches side by side, the Inspur article's ceiling and reality."""
     rates = measure.synthetic_vs_real(s, ctx, rounds=1, steps=steps)  # drains the prefetch depth + 1 first
     names = [row[0] for row in bind.query_gpus("name")]
-    return anchor_words((rates["synthetic"].images_per_s, rates["real"].images_per_s), names)
+    note = measure.left_out(s)
+    return anchor_words((rates["synthetic"].images_per_s, rates["real"].images_per_s), names) + (note and f"; {note}")
 
 
 def anchor_words(rates, gpu_names):

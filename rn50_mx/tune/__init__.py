@@ -54,9 +54,11 @@ def settings(rest, need_data=True):
 
 def tune(s, args):
     """Time, search, print the table, write the fragment; returns the fragment's path."""
-    from .. import dist
+    from .. import dist, measure
     from . import search, workers
 
+    if measure.left_out(s):
+        print(f"rn50_mx.tune: {measure.left_out(s)}", flush=True)
     start = space.start(s, args.allow_augmentation_changes)
     path = os.path.join(args.out, f"{s.dgxsystem}_tuned.sh")
     with files.owned_in_folder(path):  # the output is writable and ours before the measurement begins

@@ -17,12 +17,12 @@ MARK = "RATE "
 
 class Local:
     """Candidates measured in this process: one training step (the network built once, as train.py builds it), the
-    candidates' pipelines built once each and kept while they are in use."""
+    candidates' pipelines built once each and kept while they are in use; measure.timed(s) stands for `s`."""
 
     def __init__(self, s, ctx):
-        self.s, self.ctx = s, ctx
+        self.s, self.ctx = measure.timed(s), ctx
         self.seed = train.rank_seed(s, dist.Single())[1]
-        self.step = measure.train_step(s, ctx)
+        self.step = measure.train_step(self.s, ctx)
         self.pipelines = collections.OrderedDict()
 
     def batches(self, knobs):
