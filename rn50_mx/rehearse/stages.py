@@ -14,6 +14,7 @@ from .. import children, config
 from ..errors import InputError
 
 CHILD_TIMEOUT = 600
+GRACE = 20
 ERROR = re.compile(r"(?:Error|error|rn50_mx[.\w]*:|Fused|refuse|not supported|Check failed)")
 
 
@@ -44,16 +45,31 @@ def run(cmd, out, code=0):
     """Run `cmd` with its output to the file `out`; its text, or StageFailed naming the cause."""
     with open(out, "w") as sink:
         proc = children.start(cmd, stdout=sink, stderr=sink)
-    try:
-        proc.wait(timeout=CHILD_TIMEOUT)
-    except Exception:
-        children.stop(proc)
-        raise StageFailed(f"no end after {CHILD_TIMEOUT} s: {cause(open(out).read())}") from None
-    children.forget(proc)
+    wait(proc, out)
     text = open(out).read()
     if code is not None and proc.returncode != code:
         raise StageFailed(f"exit {proc.returncode}: {cause(text)}")
     return text
+
+
+def wait(proc, out, until=None):
+    """Until `proc` ends, or with `until` (a pattern) until its output matches; a rank that failed while its peers
+    wait in a collective (Gloo gives up after minutes) is not waited for: GRACE seconds after a traceback the job is
+    ended, its cause named."""
+    deadline, failed_at = time.time() + CHILD_TIMEOUT, None
+    while proc.poll() is None:
+        text = open(out).read()
+        if until and re.search(until, text):
+            return
+        failed_at = failed_at or (time.time() if "Traceback (most recent call last)" in text else None)
+        if time.time() > deadline or (failed_at and time.time() > failed_at + GRACE):
+            children.stop(proc)
+            raise StageFailed(f"ended after a rank failed: {cause(text)}" if failed_at else
+                              f"no end after {CHILD_TIMEOUT} s: {cause(text)}")
+        time.sleep(0.2)
+    children.forget(proc)
+    if until:
+        raise StageFailed(f"ended before {until!r}: {cause(open(out).read())}")
 
 
 def mllog(path):
@@ -84,15 +100,9 @@ def stop_and_resume(plan, work, reference):
     cmd = command(plan, "rn50_mx.train", checkpoint_dir=folder)
     with open(out, "w") as sink:
         proc = children.start(cmd, stdout=sink, stderr=sink)
-    deadline = time.time() + CHILD_TIMEOUT
-    while not re.search(r"epoch 1 step 1/", open(out).read()):
-        if proc.poll() is not None or time.time() > deadline:
-            children.stop(proc)
-            raise StageFailed(f"never reached its first step: {cause(open(out).read())}")
-        time.sleep(0.2)
+    wait(proc, out, until=r"epoch 1 step 1/")
     os.kill(rank_pid(proc, 0), signal.SIGTERM)
-    proc.wait(timeout=CHILD_TIMEOUT)
-    children.forget(proc)
+    wait(proc, out)
     stopped = re.search(r"stopped at epoch (\d+) step (\d+)", open(out).read())
     if not stopped:
         raise StageFailed(f"no resumable stop: {cause(open(out).read())}")
