@@ -6,8 +6,11 @@ import numpy as np
 import pytest
 from mxnet import autograd, gluon, nd
 
+from mxnet.ndarray import register
+
 from rn50_mx import model
 from rn50_mx.standin import ngc
+from tests.support import devices
 
 CTX = mx.cpu(1)  # a rank's stand-in device, not the default context
 HALF = dict(rtol=2e-2, atol=2e-2)  # float16 data, float32 compute
@@ -184,9 +187,13 @@ class Fused(gluon.HybridBlock):
         return self.bn2(self.bn1(x), x)
 
 
-def train_step(net, x):
-    net.cast("float16")
+def train_step(net, x, dtype="float16", grad_req="write"):
+    net.cast(dtype)
     net.initialize(ctx=CTX)
+    net.collect_params().setattr("grad_req", grad_req)
+    for p in net.collect_params().values():
+        if p.name.endswith(("running_mean", "running_var")):
+            p.grad_req = "null"
     net.hybridize(static_alloc=True, static_shape=True)
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "multi_precision": True})
     with autograd.record():
@@ -194,23 +201,33 @@ def train_step(net, x):
         loss = (out.astype("float32") ** 2).mean()
     loss.backward()
     trainer.step(x.shape[0])
+    for p in net.collect_params().values():  # a failed backward surfaces where its results are read
+        p.data(CTX).wait_to_read()
     return out
 
 
-@pytest.mark.parametrize("build", ["fused_batchnorm", "normconv_units"])
-def test_hybridized_static_alloc_network_trains_a_step_on_cpu1(fork, build):
-    """The model's own blocks, hybridized with static_alloc, on the stand-ins: a training step on cpu(1) with every
-    output, gradient and statistic there, running statistics moved; then an inference forward."""
-    mx.random.seed(3)
+def network(build):
+    """The model's own blocks on the fused path: BN -> ReLU and BN -> add -> ReLU, or two NormConv units (a
+    projection with stride 2, an identity); and an input for them."""
     if build == "fused_batchnorm":
-        net, shape = Fused(), (2, 4, 4, 32)
-    else:
-        layout = model.Layout("NHWC", normconv_batch=2)
-        net = gluon.nn.HybridSequential(prefix="stage1_")
-        with net.name_scope():
-            net.add(model.Bottleneck(layout, 32, 32, 2, True, False, "unit1_", (6, 6)),
-                    model.Bottleneck(layout, 128, 32, 1, False, False, "unit2_", (3, 3)))
-        shape = (2, 6, 6, 32)
+        return Fused(), (2, 4, 4, 32)
+    layout = model.Layout("NHWC", normconv_batch=2)
+    net = gluon.nn.HybridSequential(prefix="stage1_")
+    with net.name_scope():
+        net.add(model.Bottleneck(layout, 32, 32, 2, True, False, "unit1_", (6, 6)),
+                model.Bottleneck(layout, 128, 32, 1, False, False, "unit2_", (3, 3)))
+    return net, (2, 6, 6, 32)
+
+
+@pytest.mark.parametrize("build", ["fused_batchnorm", "normconv_units"])
+def test_hybridized_static_alloc_network_trains_a_step_on_cpu1(fork, build, monkeypatch):
+    """The model's own blocks, hybridized with static_alloc, on the stand-ins: a training step on cpu(1) with every
+    output, gradient and statistic there, running statistics moved; then an inference forward. MXNet refuses mixed
+    contexts here as a CUDA build does (tests/support/devices.py)."""
+    monkeypatch.setattr(register, "_verify_all_legacy_ndarrays",
+                        devices.same_context_check(register._verify_all_legacy_ndarrays))
+    mx.random.seed(3)
+    net, shape = network(build)
     x = nd.random.uniform(-1, 1, shape, ctx=CTX).astype("float16")
     out = train_step(net, x)
     params = net.collect_params().values()
@@ -222,6 +239,28 @@ def test_hybridized_static_alloc_network_trains_a_step_on_cpu1(fork, build):
     means = [p for p in params if p.name.endswith("running_mean")]
     assert means and all(np.abs(p.data().asnumpy()).max() > 0 for p in means)
     assert net(x).context == CTX
+
+
+@pytest.mark.parametrize("build, message", [
+    ("fused_batchnorm", "Fused ReLU activation is only supported with float16 NHWC Batchnorm on Volta"),
+    ("normconv_units", "This layer requires uniform type. Expected 'float32' v.s. given 'float16' at "
+                       "'x_equiv_scale'")])
+def test_hybridized_float32_network_fails_with_the_forks_message(fork, build, message):
+    """GPU review 4, F1: the fused path in float32 dies at its first fused operator on NVIDIA's MXNet (the NormConv
+    graph already at type inference: BNStatsFinalize's scale is float16 whatever its inputs, bn_stats_finalize.cc:
+    71-75, and ScaleBiasAddRelu wants the data's type, scale_bias_add_relu.cc:131-165); hybridized (static_alloc) on
+    the stand-ins, it fails so, with the fork's message in the MXNetError."""
+    net, shape = network(build)
+    refused(message, lambda: train_step(net, nd.random.uniform(-1, 1, shape, ctx=CTX), dtype="float32"))
+
+
+@pytest.mark.parametrize("build", ["fused_batchnorm", "normconv_units"])
+def test_hybridized_gradient_sums_are_refused(fork, build):
+    """A batch-size schedule's grad_req 'add' on the fused path: the fused kernels overwrite the gradients they
+    should add to (NhwcBatchNorm, BNStatsFinalize, the NormConv wgrad), so the step fails, naming the rule."""
+    net, shape = network(build)
+    refused("grad_req 'add' on|Unexpected req\\[\\] for gamma gradient: 3",
+            lambda: train_step(net, nd.random.uniform(-1, 1, shape, ctx=CTX).astype("float16"), grad_req="add"))
 
 
 def refused(match, fn):
