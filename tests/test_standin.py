@@ -276,7 +276,7 @@ def bn_inputs(shape=(2, 3, 3, 8), dtype="float16", axis=-1):
             nd.zeros((c,), ctx=CTX), nd.ones((c,), ctx=CTX))
 
 
-@pytest.mark.parametrize("case", ["float32", "axis 1", "channels % 4", "use_global_stats", "2-D"])
+@pytest.mark.parametrize("case", ["float32", "axis 1", "channels % 4", "use_global_stats", "2-D", "cudnn_off"])
 def test_batchnorm_act_type_refusals_are_the_forks(fork, case):
     """batch_norm.cu:1110-1114: act_type only through NhwcBatchNormOp (Supports, nhwc_batch_norm-inl.h:296-308)."""
     kwargs = dict(act_type="relu", axis=3, fix_gamma=False)
@@ -287,8 +287,8 @@ def test_batchnorm_act_type_refusals_are_the_forks(fork, case):
         shape, kwargs["axis"] = (2, 8, 3, 3), 1
     elif case == "channels % 4":
         shape = (2, 3, 3, 6)
-    elif case == "use_global_stats":
-        kwargs["use_global_stats"] = True
+    elif case in ("use_global_stats", "cudnn_off"):
+        kwargs[case] = True
     else:
         shape, kwargs["axis"] = (4, 8), 1
     refused("Fused ReLU activation is only supported with float16 NHWC Batchnorm on Volta",
@@ -307,6 +307,8 @@ def test_batchnorm_add_relu_outside_float16_nhwc_is_refused(fork):
             lambda: nd.BatchNormAddRelu(data=x, addend=x, gamma=gamma, beta=beta, moving_mean=mean, moving_var=var,
                                         axis=3))
     x16 = x.astype("float16")
+    refused("Cannot find argument 'act_type'", lambda: nd.BatchNormAddRelu(  # batch_norm_add_relu-inl.h:72-92
+        data=x16, addend=x16, gamma=gamma, beta=beta, moving_mean=mean, moving_var=var, axis=3, act_type="relu"))
     refused("Shape inconsistent", lambda: nd.BatchNormAddRelu(data=x16, addend=x16[:1], gamma=gamma, beta=beta,
                                                               moving_mean=mean, moving_var=var, axis=3))
 
@@ -444,7 +446,7 @@ def test_symbols_compose_by_the_forks_input_names(fork):
 
 
 def test_install_twice_keeps_stock_batchnorm_unchanged(fork):
-    stock = fork.install.__globals__["mx"].nd.BatchNorm.stock
+    stock = mx.nd.BatchNorm.stock
     fork.install()
     assert mx.nd.BatchNorm.stock is stock and mx.sym.BatchNorm.stock.__name__ == "BatchNorm"
     x, gamma, beta, mean, var = bn_inputs(dtype="float32")

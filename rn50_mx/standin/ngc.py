@@ -141,10 +141,12 @@ def parse_params(op, spec, kwargs):
     return params
 
 
-BN_PARAMS = {"eps": (float, 1e-3), "momentum": (float, 0.9), "fix_gamma": (to_bool, True),
-             "use_global_stats": (to_bool, False), "output_mean_var": (to_bool, False), "axis": (int, 1),
-             "cudnn_off": (to_bool, False), "act_type": (enum("relu", "sigmoid", "tanh", "softrelu"), None),
-             "bn_group": (int, 1)}  # batch_norm-inl.h:86-128 (BatchNormAddReluParam: the same fields we use)
+ADD_RELU_PARAMS = {"eps": (float, 1e-3), "momentum": (float, 0.9), "fix_gamma": (to_bool, True),
+                   "use_global_stats": (to_bool, False), "output_mean_var": (to_bool, False), "axis": (int, 1),
+                   "cudnn_off": (to_bool, False), "bn_group": (int, 1),
+                   "xbuf_ptr": (int, 0)}  # batch_norm_add_relu-inl.h:72-92: no act_type
+BN_PARAMS = dict(ADD_RELU_PARAMS, act_type=(enum("relu", "sigmoid", "tanh", "softrelu"), None),
+                 min_calib_range=(float, None), max_calib_range=(float, None))  # batch_norm-inl.h:86-128
 CONV_PARAMS = {"kernel": (to_shape, REQUIRED), "stride": (to_shape, (1, 1)), "dilate": (to_shape, (1, 1)),
                "pad": (to_shape, (0, 0)), "num_filter": (int, REQUIRED), "num_group": (int, 1),
                "layout": (enum("NCW", "NCHW", "NCDHW", "NHWC", "NDHWC"), "NCHW"),
@@ -278,10 +280,11 @@ class StandIn(mx.operator.CustomOp):
 def nhwc_bn_supports(p, x):
     """NhwcBatchNormOp::Supports (cudnn/nhwc_batch_norm-inl.h:296-308) and NhwcBatchNormAddReluOp::Supports
     (cudnn/nhwc_batch_norm_add_relu-inl.h:286-302): not use_global_stats, 3 to 5 dimensions, float16, the channel
-    axis last, channels a multiple of 4 (and a GPU with cooperative launch, assumed)."""
+    axis last, channels a multiple of 4 (and a GPU with cooperative launch, assumed); taken unless cudnn_off
+    (batch_norm.cu:1111, batch_norm_add_relu.cu:677)."""
     axis = p["axis"] + x.ndim if p["axis"] < 0 else p["axis"]  # GetRealAxis, batch_norm.cu:1107
-    return (not p["use_global_stats"] and 3 <= x.ndim <= 5 and x.dtype == np.float16 and axis == x.ndim - 1
-            and x.shape[-1] % 4 == 0)
+    return (not p["cudnn_off"] and not p["use_global_stats"] and 3 <= x.ndim <= 5 and x.dtype == np.float16
+            and axis == x.ndim - 1 and x.shape[-1] % 4 == 0)
 
 
 class FusedBatchNorm(StandIn):
@@ -373,7 +376,7 @@ class BatchNormProp(Prop):
 
 
 class BatchNormAddReluProp(BatchNormProp):
-    name, op = "BatchNormAddRelu", FusedBatchNormAddRelu
+    name, spec, op = "BatchNormAddRelu", ADD_RELU_PARAMS, FusedBatchNormAddRelu
 
 
 # NormConvolution (no_norm) and NormalizedConvolution (no_equiv_scale_bias) -----------------------------------------
