@@ -1,6 +1,8 @@
 """The stand-ins for NVIDIA's fused operators (rn50_mx/standin/ngc.py): each against the same function from stock
 MXNet operators (NCHW float32), forward and gradients; running statistics; hybridized with static_alloc on cpu(1);
 every refusal rule with the fork's message; install() harmless twice, stock BatchNorm unchanged."""
+import json
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -9,6 +11,7 @@ from mxnet import autograd, gluon, nd
 from mxnet.ndarray import register
 
 from rn50_mx import model
+from rn50_mx.config import Settings
 from rn50_mx.standin import ngc
 from tests.support import devices
 
@@ -456,3 +459,20 @@ def test_install_twice_keeps_stock_batchnorm_unchanged(fork):
     assert "BatchNorm" in mx.sym.BatchNorm(mx.sym.var("x"), name="bn").tojson()
     assert "act_type" in fork.batchnorm_arguments() and "eps" in fork.batchnorm_arguments()
     assert set(model.NORMCONV_OPERATORS) <= set(fork.OPERATORS) and "BatchNormAddRelu" in fork.OPERATORS
+
+
+def test_the_whole_gpu_network_traces_onto_the_stand_ins(fork, monkeypatch):
+    """ResNet-50 as the GPU path builds it (NHWC float16, fused BatchNorm, NormConv units) traced on the stand-ins:
+    its inputs are exactly the data and the parameters, by name, and float16 types and shapes carry through every
+    fused operator to the logits."""
+    monkeypatch.setattr(model, "fused_batchnorm_available", lambda: True)
+    monkeypatch.setattr(model, "normconv_available", lambda: True)
+    net = model.build_model(Settings(device="gpu", input_layout="NHWC", dtype="float16", batch_size=2,
+                                     image_shape="3,64,64"))
+    graph = net(mx.sym.var("data"))
+    assert set(graph.list_inputs()) == {"data"} | set(net.collect_params())
+    types = {node["attrs"]["op_type"] for node in json.loads(graph.tojson())["nodes"] if node["op"] == "Custom"}
+    assert types == {ngc.op_type(name) for name in ("BatchNorm", "NormConvolution", "NormalizedConvolution",
+                                                    "BNStatsFinalize_stats", "BNStatsFinalize", "ScaleBiasAddRelu")}
+    assert graph.infer_type(data="float16")[1] == [np.float16]
+    assert graph.infer_shape(data=(2, 64, 64, 3))[1] == [(2, 1000)]
