@@ -232,6 +232,11 @@ class Prop(mx.operator.CustomOpProp):
         return self.op(self)
 
 
+def fork_inputs(op, mode):
+    """Every input of op in mode by its name in the fork (its FListInputNames): arguments, then statistics."""
+    return input_names(op, mode) + AUX.get(op, ())
+
+
 def input_names(op, mode):
     if (op, mode) not in INPUTS:
         refuse(f"{op} with {mode or 'no mode flag'}: the stand-in models only the modes our network uses, "
@@ -692,7 +697,7 @@ def symbol_function(op):
     <node>_<input>, nnvm/src/core/symbolic.cc Compose)."""
     def compose(*args, name=None, attr=None, **kwargs):
         arrays = {k: kwargs.pop(k) for k in list(kwargs) if isinstance(kwargs[k], mx.sym.Symbol)}
-        names = input_names(op, mode_of(kwargs)) + AUX.get(op, ())
+        names = fork_inputs(op, mode_of(kwargs))
         for key in arrays:
             if key not in names:
                 listed = "".join(f"\t[{i}]{n}\n" for i, n in enumerate(names))
@@ -718,7 +723,7 @@ def ndarray_function(op):
             if isinstance(value, nd.NDArray):
                 refuse(f"Cannot find argument '{key}', Possible Arguments: {', '.join(declared)}, in operator {op}")
         given = [k for k in declared if bound.get(k) is not None]
-        names = input_names(op, mode_of(kwargs)) + AUX.get(op, ())
+        names = fork_inputs(op, mode_of(kwargs))
         if len(given) != len(names):
             refuse(f"{op} takes {len(names)} inputs here, {list(names)}; given {len(given)}")
         # The operator takes the arrays in the declared order, as its inputs of the mode; the ops with
@@ -738,7 +743,7 @@ def builder(op):
 
     def build(custom, inputs, name, params):
         PROPS[op].validate(params)
-        names = input_names(op, mode_of(params)) + AUX.get(op, ())
+        names = fork_inputs(op, mode_of(params))
         return custom(*[inputs[n] for n in names], op_type=op_type(op), name=name, **params)
     return build
 
