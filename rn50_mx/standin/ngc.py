@@ -6,7 +6,8 @@ autograd.
 A FAKE, named as one. Each computes the function we read in the fork's source, in float32 on the CPU, and refuses,
 with the fork's own message, what the fork's kernels refuse: dtype, layout/axis, act_type, shapes, grad_req kAddTo.
 It checks our wiring and those rules as read from the source; it says nothing of NVIDIA's kernels' numerics, speed,
-memory or GPU architecture (every Supports() below also asks for SM 70/75/80/86; the stand-in assumes an A100's 80).
+memory or GPU architecture (the NormConv and ScaleBiasAddRelu Supports() also ask for SM 70, 75, 80 or 86, which in
+this fork leaves an H100, SM 90, without them; the stand-in assumes an A100's 80).
 
 Source: NVIDIA's MXNet fork as mirrored in sneaxiy/NVIDIA-MxNet @ ce30b18 (1.8-based); every file cited is under its
 src/operator/nn/. Where the fork accepts an input and computes something else, or ignores grad_req kAddTo (it
@@ -80,8 +81,9 @@ def refuse(message):
 
 def with_refusal(get_last_ffi_error):
     """MXNet prints a custom operator's exception and raises its own 'Check failed: ... callbacks[...]' in its place
-    (mxnet/operator.py, forward_entry/backward_entry/infer_*_entry; src/operator/custom/custom.cc): put the
-    stand-in's message back into the MXNetError that surfaces, as the fork's LOG(FATAL) text surfaces there."""
+    (mxnet/operator.py, forward_entry/backward_entry/infer_*_entry; src/operator/custom/custom.cc): put the latest
+    stand-in refusal's message back into the MXNetError that surfaces from a custom operator, as the fork's
+    LOG(FATAL) text surfaces there. (mxnet.base.check_call reads this function from its module at each call.)"""
     def get_error():
         error = get_last_ffi_error()
         if LAST_REFUSAL[0] and "custom" in str(error):
