@@ -5,6 +5,8 @@ semantics, named as one: it checks the network's wiring against our reading of t
 import mxnet as mx
 from mxnet import autograd, nd
 
+from rn50_mx.standin.ngc import ND_ARGUMENTS, bn_backward, channels, fork_inputs, mode_of
+
 
 class Registry:
     """What another MXNet build's operator registry answers (an NGC build has the fused BatchNorm kernels)."""
@@ -15,19 +17,6 @@ class Registry:
     def arguments_of(self, name):
         assert name == "BatchNorm"
         return mx.operator.get_operator_arguments(name)._replace(names=self.bn_arguments)
-
-
-def channels_last(a):
-    return a.reshape((1, 1, 1, -1))
-
-
-def bn_backward(dy, x, mean, inv_std, gamma):
-    """BatchNorm's gradients from the saved batch mean and inverse std (what ScaleBiasAddRelu's backward runs)."""
-    n = x.size // x.shape[-1]
-    x_hat = (x - channels_last(mean)) * channels_last(inv_std)
-    d_beta, d_gamma = dy.sum(axis=(0, 1, 2)), (dy * x_hat).sum(axis=(0, 1, 2))
-    dx = channels_last(gamma * inv_std / n) * (n * dy - channels_last(d_beta) - x_hat * channels_last(d_gamma))
-    return dx, d_gamma, d_beta
 
 
 class ScaleBiasAddReluFn(autograd.Function):
@@ -48,7 +37,7 @@ class ScaleBiasAddReluFn(autograd.Function):
         for side, data in (("x", inputs[0]), ("z", inputs[3] if len(inputs) > 3 else None)):
             if side in self.constants:
                 scale, bias = self.constants[side][:2]
-                pre = pre + data * channels_last(scale) + channels_last(bias)
+                pre = pre + data * channels(scale, 4) + channels(bias, 4)
             elif data is not None:
                 pre = pre + data  # fused_add without dual_scale_bias: the shortcut as it is
         self.save_for_backward(inputs, pre > 0)
@@ -65,37 +54,13 @@ class ScaleBiasAddReluFn(autograd.Function):
         return tuple(grads)
 
 
-# The inputs each fused operator takes by name in a traced symbol (its FListInputNames, per mode), and those its
-# NDArray function declares (add_argument: an NDArray keyword outside them is refused, "Cannot find argument"), in
-# NVIDIA's MXNet fork (sneaxiy/NVIDIA-MxNet src/operator/nn/norm_convolution.cc, normalized_convolution.cc,
-# bn_stats_finalize.cc, scale_bias_add_relu.cc).
-SYMBOL_INPUTS = {
-    ("NormConvolution", "no_norm"): {"data", "weight"},
-    ("NormalizedConvolution", "no_equiv_scale_bias"): {"data", "weight"},
-    ("BNStatsFinalize", ""): {"sum", "sum_squares", "gamma", "beta", "moving_mean", "moving_var"},
-    ("ScaleBiasAddRelu", ""): {"dataX", "x_equiv_scale", "x_equiv_bias", "x_gamma", "x_beta", "x_mean", "x_invvar"},
-    ("ScaleBiasAddRelu", "fused_add"): {"dataX", "dataZ", "x_equiv_scale", "x_equiv_bias", "x_gamma", "x_beta",
-                                        "x_mean", "x_invvar"},
-    ("ScaleBiasAddRelu", "dual_scale_bias fused_add"): {
-        "dataX", "dataZ", "x_equiv_scale", "x_equiv_bias", "z_equiv_scale", "z_equiv_bias", "x_gamma", "x_beta",
-        "x_mean", "x_invvar", "z_gamma", "z_beta", "z_mean", "z_invvar"},
-}
-NDARRAY_ARGUMENTS = {"NormConvolution": {"data", "sum", "sum_squares", "gamma", "beta", "moving_mean", "moving_var"}}
-
-
-def op_mode(op, kwargs):
-    """The key of SYMBOL_INPUTS for a call: the op and the mode flags it sets."""
-    flags = ("no_norm", "no_equiv_scale_bias", "dual_scale_bias", "fused_add")
-    return op, " ".join(f for f in flags if kwargs.get(f))
-
-
 class NdarrayConvention:
     """The fused operators called as NDArray functions, as MXNet's generated ndarray functions take keywords
     (mxnet/ndarray/register.py): an NDArray keyword the op does not declare is refused."""
 
     def __getattr__(self, op):
         def call(**kwargs):
-            declared = NDARRAY_ARGUMENTS.get(op, SYMBOL_INPUTS[op_mode(op, kwargs)])
+            declared = ND_ARGUMENTS[op]
             for name, value in kwargs.items():
                 if isinstance(value, nd.NDArray) and name not in declared:
                     raise mx.MXNetError(f"Cannot find argument '{name}' of {op}")
@@ -166,7 +131,7 @@ class NormConvOps:
 
 class TraceOps:
     """Stands in for the fused operators while the network is traced as a symbol: each call must hand the op exactly
-    its inputs by the names the fork lists for that mode (SYMBOL_INPUTS: a misspelt one would become a new,
+    its inputs by the names the fork lists for that mode (rn50_mx.standin.ngc.INPUTS: a misspelt one would become a new,
     uninitialised variable on the GPU), and each output depends on every input it was given, so the traced graph's
     inputs show which variables the fused path hands them."""
     OUTPUTS = {"NormConvolution": 3, "NormalizedConvolution": 3, "BNStatsFinalize": 6, "ScaleBiasAddRelu": 2}
@@ -174,7 +139,7 @@ class TraceOps:
     def __getattr__(self, op):
         def call(**kwargs):
             names = {k for k, v in kwargs.items() if isinstance(v, mx.sym.Symbol)}
-            assert names == SYMBOL_INPUTS[op_mode(op, kwargs)], (op, sorted(names))
+            assert names == set(fork_inputs(op, mode_of(kwargs))), (op, sorted(names))
             used = [mx.sym.sum(v) for v in kwargs.values() if isinstance(v, mx.sym.Symbol)]
             return [mx.sym.add_n(*used)] * self.OUTPUTS[op]
         return call
