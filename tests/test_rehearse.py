@@ -17,7 +17,7 @@ import pytest
 
 from rn50_mx import config
 from rn50_mx.rehearse import plan
-from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, sourced
+from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming
 
 GPU_ONLY_WORDS = "this says nothing of whether the GPU run will work"
 

@@ -89,7 +89,7 @@ def train(plan, work):
     if stops != ["aborted"] or not evals:  # no target: the run ends after its last eval
         raise StageFailed(f"run_stop {stops}, {len(evals)} evals in {log}")
     speeds = re.findall(r"epoch \d+: ([\d.]+) img/s", text)
-    return (f"{len(evals)} evals on schedule, run_stop aborted (no target), model saved; "
+    return (f"{len(evals)} eval(s) on the schedule, run_stop aborted (no target), model saved; "
             f"{speeds[-1] if speeds else '?'} img/s (stand-in: no GPU figure)"), dict(model=model, evals=evals)
 
 
