@@ -8,7 +8,8 @@ run through the package's own commands on the stand-in GPU build (rn50_mx/standi
 Horovod (Gloo) ranks, each on a CPU context of its own with mixed contexts refused; NHWC and float16 run through CPU
 twins of the kernels the CPU lacks; NVIDIA's fused BatchNorm and NormConv operators are stand-ins that refuse what the
 fork's kernels refuse. Stages: the whole run (warm-up, evals on the schedule with the BatchNorm-statistics average,
---save-model), SIGTERM mid-epoch with a checkpoint and an exact resume, `evaluate` on the saved model, the self-test.
+--save-model), SIGTERM mid-epoch with a checkpoint and an exact resume, `evaluate` on the saved model, the self-test
+and the input tuner's timing.
 One table; exit 1 when a stage fails. It never says that the GPU run will work: only that this code path runs.
 """
 import os
@@ -67,6 +68,7 @@ def rehearse(s, ranks, work, quick=False):
         attempt(rows, "evaluate", stages.evaluate, plan, work, reference)
     if not quick:
         attempt(rows, "self-test", stages.selftest, plan, work)
+        attempt(rows, "tune", stages.tune, plan, work)
     return rows + [Row("GPU only", None, what) for what in GPU_ONLY]
 
 

@@ -158,6 +158,20 @@ def selftest(plan, work):
     return f"{sum(' ok ' in r for r in rows)} rows passed, {sum('  -  ' in r for r in rows)} not for this machine"
 
 
+def tune(plan, work):
+    """The input tuner's path (rn50_mx.tune, as the README's step 3 runs it) with no search budget: it times the
+    config's step on synthetic and on real batches on this rank's stand-in device and writes its fragment."""
+    flags = [f"{config.flag_name(k)}={config.value_text(v)}" for k, v in plan.flags.items()]
+    cmd = [sys.executable, "-m", "rn50_mx.tune", "--budget", "0", "--rounds", "1", "--steps", "1", "--out", work,
+           *flags]
+    text = run(cmd, os.path.join(work, "tune.out"))
+    written = re.search(r"^wrote (.+)$", text, re.M)
+    if not written or not os.path.isfile(written[1]):
+        raise StageFailed(f"no fragment written: {cause(text)}")
+    stopped = re.search(r"^stopped: (.+?);", text, re.M)
+    return f"timed and wrote {os.path.basename(written[1])} (stopped: {stopped[1] if stopped else '?'})"
+
+
 def checked_ranks(ranks):
     """--ranks: 1 to this machine's CPUs (each rank wants one)."""
     if not 1 <= ranks <= os.cpu_count():
