@@ -142,6 +142,8 @@ def result_rows(round_name, folder, root):
     if dropped > MAX_DROPPED:
         raise ValueError(f"{dropped} of {len(runs)} runs did not succeed")
     scored = result_summarizer._compute_olympic_average(counted, dropped, MAX_DROPPED)
+    if scored is None:  # the summarizer's None: nothing left after the drops
+        raise ValueError(f"{len(runs)} run(s): no olympic mean")
     rows = []
     for path, run in runs:
         batch = int(run["global_batch"] or 0)
