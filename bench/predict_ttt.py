@@ -118,8 +118,9 @@ def predicted(r, model):
         return None, f"global batch {r.batch} is above every RCP"
     minutes, _ = predict.minutes(epochs, r.nodes, r.gpus_per_node, r.per_gpu, img, r.gbps, model)
     step = predict.step_seconds(r.per_gpu, r.nodes, img, r.gbps, model)
-    return minutes, (f"epochs RCP {epochs:.1f} / logs {r.epochs:.1f}; step model {step * 1e3:.1f} ms / logs "
-                     f"{r.step * 1e3:.1f} ms ({r.gpu}, {r.gpus} GPUs x {r.per_gpu:g})")
+    cause = "epochs" if abs(math.log(r.epochs / epochs)) > abs(math.log(r.step / step)) else "step time"
+    return minutes, (f"mostly the {cause}: epochs RCP {epochs:.1f} / logs {r.epochs:.1f}; step model {step * 1e3:.1f} "
+                     f"ms / logs {r.step * 1e3:.1f} ms ({r.gpu}, {r.gpus} GPUs x {r.per_gpu:g})")
 
 
 def leave_one_round_out(records):
