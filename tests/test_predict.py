@@ -12,7 +12,9 @@ import pytest
 
 from tests.support.procs import ROOT, assert_one_line_naming
 from tests.test_recipe import config_dir, run_recipe  # noqa: F401 (config_dir is a fixture)
+from rn50_mx import config
 from rn50_mx.recipe import predict, predict_fit
+from rn50_mx.search import space
 
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import mlperf_results  # noqa: E402
@@ -136,3 +138,20 @@ def test_bad_prediction_flags_are_one_line_naming_them(config_dir, flags, named)
     result = run_recipe(config_dir, "--gpus-per-node", "8", *(["--nodes", "1"] if flags else []), *flags)
     assert_one_line_naming(result, named)
     assert os.listdir(config_dir) == ["gpu_common.sh"]
+
+
+def test_the_search_s_default_horizon_reaches_down_to_what_the_checker_accepts():
+    # issue 34: 8x8 H100 at 13056 expects 46 epochs (horizon 48); the checker accepts an olympic mean down to 41.31
+    s = config.Settings().replace(batch_size=204, dgxngpu=8, dgxnnodes=8, num_epochs=48, kv_store="horovod")
+    horizon = next(k for k in space.default_knobs(s, "closed") if k.env == "NUMEPOCHS")
+    assert (horizon.low, horizon.high) == (42, 49)
+    demo = config.Settings().replace(num_classes=10, num_epochs=6)  # off the RCP table: 2 below, as before
+    assert next(k for k in space.default_knobs(demo, "closed") if k.env == "NUMEPOCHS").low == 4
+
+
+def test_the_recipe_says_how_many_epochs_a_search_could_save(config_dir):  # noqa: F811
+    result = run_recipe(config_dir, "--nodes", "8", "--gpus-per-node", "8", "--gpu", "H100", "--ruleset", "2.1.0")
+    assert result.returncode == 0, result.stderr
+    assert ("search: the RCP checker accepts an olympic mean down to 41.31 epochs, 4.7 (10% of the epochs and minutes) "
+            "below the 46 to expect; `python -m rn50_mx.search`'s default horizon range reaches down to 42"
+            ) in result.stdout.splitlines()

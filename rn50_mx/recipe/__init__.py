@@ -23,7 +23,7 @@ from ..mlperf_rules import (BENCHMARK, DEFAULT_RULESET, PRUNED, PUBLISHED, USAGE
                             rcp_file, rulesets)
 from ..errors import InputError
 from . import open_division, predict
-from .check import place, verdict
+from .check import place, search_room, verdict
 from .choosing import Recipe, choose, interpolate, mode_epoch, whole_epochs
 from .output import config_text, describe, memory_line, write_config
 from .rules import closed_rule_failures
@@ -149,6 +149,8 @@ def main(argv=None):
     forecast = predict.words(recipe, *speed_of(args, gpu), args.node_gbps or predict.DEFAULT_NODE_GBPS[gpu.key])
     text, words = config_text(recipe, command, speed, gpu, cores_per_gpu), describe(recipe, speed, speed_source,
                                                                                       forecast)
+    if search_room(recipe):
+        words = "\n".join([words, search_room(recipe)])
     if args.division == "open":
         text = open_division.mark(text) + open_division.config_block(recipe.num_epochs)
         words = "\n".join([words, *open_division.describe_lines(recipe.num_epochs)])
