@@ -2,7 +2,6 @@
 tests/data/mlperf_results), the time-to-train model fitted to them (rn50_mx.recipe.predict) and the recipe's
 predicted minutes."""
 import csv
-import math
 import os
 import re
 import subprocess
@@ -10,8 +9,7 @@ import sys
 
 import pytest
 
-from tests.support.procs import ROOT, assert_one_line_naming
-from tests.test_recipe import config_dir, run_recipe  # noqa: F401 (config_dir is a fixture)
+from tests.support.procs import ROOT, assert_one_line_naming, run_recipe
 from rn50_mx import config
 from rn50_mx.recipe import predict, predict_fit
 from rn50_mx.search import space
@@ -104,7 +102,7 @@ def numbers(line, pattern):
     return [float(x) for x in re.search(pattern, line).groups()]
 
 
-def test_the_recipe_states_the_predicted_minutes_its_interval_and_the_ideal(config_dir):  # noqa: F811
+def test_the_recipe_states_the_predicted_minutes_its_interval_and_the_ideal(config_dir):
     result = run_recipe(config_dir, "--nodes", "8", "--gpus-per-node", "8", "--gpu", "H100", "--system", "EIGHT")
     assert result.returncode == 0, result.stderr
     line = next(x for x in result.stdout.splitlines() if x.startswith("predicted time to train:"))
@@ -118,7 +116,7 @@ def test_the_recipe_states_the_predicted_minutes_its_interval_and_the_ideal(conf
         2 * ideal, abs=0.1)
 
 
-def test_predict_answers_for_several_node_counts_and_writes_nothing(config_dir):  # noqa: F811
+def test_predict_answers_for_several_node_counts_and_writes_nothing(config_dir):
     result = run_recipe(config_dir, "--gpus-per-node", "8", "--gpu", "H100", "--predict", "4,1,2,8")
     assert result.returncode == 0, result.stderr
     rows = [line.split() for line in result.stdout.splitlines() if re.match(r"\s+\d+\s+\d+\s", line)]
@@ -134,7 +132,7 @@ def test_predict_answers_for_several_node_counts_and_writes_nothing(config_dir):
     (["--node-gbps", "0"], "--node-gbps"), (["--node-gbps", "nan"], "--node-gbps"),
     (["--node-gbps", "inf"], "--node-gbps"), (["--node-gbps", "fast"], "--node-gbps"),
     (["--img-per-sec-per-gpu", "nan"], "--img-per-sec-per-gpu"), ([], "--nodes")])
-def test_bad_prediction_flags_are_one_line_naming_them(config_dir, flags, named):  # noqa: F811
+def test_bad_prediction_flags_are_one_line_naming_them(config_dir, flags, named):
     result = run_recipe(config_dir, "--gpus-per-node", "8", *(["--nodes", "1"] if flags else []), *flags)
     assert_one_line_naming(result, named)
     assert os.listdir(config_dir) == ["gpu_common.sh"]
@@ -149,7 +147,7 @@ def test_the_search_s_default_horizon_reaches_down_to_what_the_checker_accepts()
     assert next(k for k in space.default_knobs(demo, "closed") if k.env == "NUMEPOCHS").low == 4
 
 
-def test_the_recipe_says_how_many_epochs_a_search_could_save(config_dir):  # noqa: F811
+def test_the_recipe_says_how_many_epochs_a_search_could_save(config_dir):
     result = run_recipe(config_dir, "--nodes", "8", "--gpus-per-node", "8", "--gpu", "H100", "--ruleset", "2.1.0")
     assert result.returncode == 0, result.stderr
     assert ("search: the RCP checker accepts an olympic mean down to 41.31 epochs, 4.7 (10% of the epochs and minutes) "
