@@ -18,6 +18,7 @@ import argparse
 import ast
 import csv
 import glob
+import io
 import json
 import os
 import re
@@ -49,6 +50,11 @@ def parse_args(argv=None):
     if not os.path.isdir(args.results):
         raise InputError(f"{args.results}: no such folder")
     return args
+
+
+def round_key(name):
+    """v0.7 < v1.0 < v1.1 ... as numbers."""
+    return [int(x) for x in name.lstrip("v").split(".")]
 
 
 def ruleset(round_name):
@@ -115,11 +121,10 @@ def read_log(path, rules):
 def result_rows(round_name, folder, root):
     """The rows of one result (SUBMITTER/results/SYSTEM/resnet), or raise ValueError saying why it is not used."""
     submitter, system = folder.split(os.sep)[-4], folder.split(os.sep)[-2]
-    base = os.path.join(root, round_name, submitter, "systems")
-    described = [p for p in (os.path.join(base, system + ".json"),) if os.path.isfile(p)]
-    if not described:
+    described = os.path.join(root, round_name, submitter, "systems", system + ".json")
+    if not os.path.isfile(described):
         raise ValueError("no systems/SYSTEM.json")
-    desc = system_description(described[0])
+    desc = system_description(described)
     accelerator = str(desc.get("accelerator_model_name") or "")
     if NOT_GPU.search(accelerator) or not accelerator:
         raise ValueError(f"not a GPU: {accelerator or 'no accelerator named'}")
@@ -155,17 +160,14 @@ def result_rows(round_name, folder, root):
                      "status": run["status"], "epochs": run["epochs"], "minutes": round(run["minutes"], 3),
                      "scored_minutes": round(scored, 3), "init_minutes": run["init_minutes"],
                      "eval_minutes": run["eval_minutes"], "evals": run["evals"],
-                     "source": f"training_results_{round_name}/{os.path.relpath(path, os.path.join(root, round_name))}"})
+                     "source": f"training_results_{round_name}/" + os.path.relpath(path, os.path.join(root, round_name))})
     return rows
 
 
 def collect(root):
     """(rows, skipped): every ResNet result folder under the rounds in `root`."""
     rows, skipped = [], []
-    for round_name in sorted(os.listdir(root), key=lambda r: [int(x) for x in r.lstrip("v").split(".")]
-                             if re.fullmatch(r"v\d+\.\d+", r) else [999]):
-        if not re.fullmatch(r"v\d+\.\d+", round_name):
-            continue
+    for round_name in sorted((r for r in os.listdir(root) if re.fullmatch(r"v\d+\.\d+", r)), key=round_key):
         for folder in sorted(glob.glob(os.path.join(root, round_name, "*", "results", "*", "resnet"))):
             try:
                 rows += result_rows(round_name, folder, root)
@@ -176,7 +178,6 @@ def collect(root):
 
 
 def csv_text(rows, columns):
-    import io
     out = io.StringIO()
     writer = csv.DictWriter(out, columns, lineterminator="\n")
     writer.writeheader()
@@ -192,7 +193,7 @@ def main(argv=None):
     write_atomically(args.out, csv_text(rows, COLUMNS), "CSV", force=True)
     write_atomically(args.skipped, csv_text(skipped, ("round", "result", "reason")), "CSV", force=True)
     results = {(r["round"], r["submitter"], r["system"]) for r in rows}
-    rounds = sorted({r["round"] for r in rows}, key=lambda r: [int(x) for x in r.lstrip("v").split(".")])
+    rounds = sorted({r["round"] for r in rows}, key=round_key)
     print(f"{len(rows)} runs of {len(results)} results from {len(rounds)} rounds ({', '.join(rounds)}) -> {args.out}")
     print(f"{len(skipped)} results skipped -> {args.skipped}")
 

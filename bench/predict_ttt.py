@@ -28,6 +28,7 @@ from rn50_mx.errors import InputError, run_cli  # noqa: E402
 from rn50_mx.files import write_atomically  # noqa: E402
 from rn50_mx.mlperf_rules import IMAGENET_TRAIN  # noqa: E402
 from rn50_mx.recipe import predict  # noqa: E402
+from mlperf_results import round_key  # noqa: E402 (bench/, beside this script)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -36,15 +37,12 @@ FIT_MODULE = os.path.join(ROOT, "rn50_mx", "recipe", "predict_fit.py")
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    parser.add_argument("--csv", default=os.path.join(HERE, "mlperf_resnet_results.csv"), help="bench/mlperf_results.py's CSV")
+    parser.add_argument("--csv", default=os.path.join(HERE, "mlperf_resnet_results.csv"),
+                        help="bench/mlperf_results.py's CSV")
     parser.add_argument("--plot", default=os.path.join(ROOT, "docs", "predict_ttt.png"), help="PNG of predicted "
                         "against published minutes ('' for none)")
     parser.add_argument("--write-fit", action="store_true", help=f"write {os.path.relpath(FIT_MODULE, ROOT)}")
     return parser.parse_args(argv)
-
-
-def round_key(name):
-    return [int(x) for x in name.lstrip("v").split(".")]
 
 
 def results(path):
@@ -163,8 +161,9 @@ def ratio_interval(judged):
 def fit_module(model, interval, records):
     """predict_fit.py's text."""
     rounds = sorted({r.round for r in records}, key=round_key)
-    return f'''"""The time-to-train model's constants (rn50_mx.recipe.predict), written by `bench/predict_ttt.py --write-fit`
-from bench/mlperf_resnet_results.csv: {len(records)} results of rounds {rounds[0]}-{rounds[-1]}. Do not edit: rerun it."""
+    return f'''"""The time-to-train model's constants (rn50_mx.recipe.predict), written by
+`bench/predict_ttt.py --write-fit` from bench/mlperf_resnet_results.csv: {len(records)} results of rounds
+{rounds[0]}-{rounds[-1]}. Do not edit: rerun it."""
 RULESET = {model.RULESET!r}  # the RCPs the epochs come from (the newest with ResNet)
 IMG_PER_S = {dict(sorted(model.IMG_PER_S.items()))!r}  # per GPU on one node: median of the single-node results
 LATENCY = {model.LATENCY:.6f}  # seconds a step across nodes loses beyond b / v and the unhidden ring
@@ -210,8 +209,8 @@ def main(argv=None):
     print("worst ten:")
     worst = sorted((x for x in judged if x[1] is not None), key=lambda x: -abs(x[1] - x[0].scored) / x[0].scored)
     for r, minutes, why in worst[:10]:
-        print(f"  {r.name}: predicted {minutes:.2f} against {r.scored:.2f} min ({(minutes - r.scored) / r.scored:+.0%}); "
-              f"{why}")
+        error = (minutes - r.scored) / r.scored
+        print(f"  {r.name}: predicted {minutes:.2f} against {r.scored:.2f} min ({error:+.0%}); {why}")
     if args.plot:
         plot(judged, args.plot)
         print(f"wrote {args.plot}")

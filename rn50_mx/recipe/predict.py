@@ -8,9 +8,10 @@ of the gradient allreduce the backward pass does not hide:
     minutes      = epochs x steps per epoch x step seconds / 60  +  evals  (+ init, which the score does not time)
 
 b is the per-GPU batch; v the generation's images/s per GPU on one node (fitted: the median of the single-node
-results; a user's measured figure replaces it); latency and per_doubling (two constants for every generation) are
-fitted by least squares to what the multi-node results lost per step against b / v. Epochs are the RCP checker's
-mean at the global batch. The fitted constants live in predict_fit.py, written by bench/predict_ttt.py from
+results; a user's measured figure replaces it); latency and per_doubling (two constants shared by every generation)
+are fitted by least squares to what the multi-node results lost per step against b / v. Epochs are the recipe's
+epochs to expect (its RCP's runs, or the RCP checker's mean at the batch; the checker's mean in
+bench/predict_ttt.py). The fitted constants live in predict_fit.py, written by bench/predict_ttt.py from
 bench/mlperf_resnet_results.csv; its leave-one-round-out errors give the interval.
 """
 import math

@@ -1,5 +1,6 @@
-"""The time-to-train model's constants (rn50_mx.recipe.predict), written by `bench/predict_ttt.py --write-fit`
-from bench/mlperf_resnet_results.csv: 242 results of rounds v0.6-v4.0. Do not edit: rerun it."""
+"""The time-to-train model's constants (rn50_mx.recipe.predict), written by
+`bench/predict_ttt.py --write-fit` from bench/mlperf_resnet_results.csv: 242 results of rounds
+v0.6-v4.0. Do not edit: rerun it."""
 RULESET = '4.0.0'  # the RCPs the epochs come from (the newest with ResNet)
 IMG_PER_S = {'A10': 939, 'A100': 3347, 'A100-PCIe': 2935, 'A30': 1591, 'A40': 1344, 'A5000': 1322, 'AMD Radeon RX 7900 XTX': 767, 'H100': 7030, 'H100-PCIe': 4502, 'H200': 7821, 'L4': 733, 'L40': 1999, 'L40S': 2021, 'V100': 1399, 'V100-PCIe': 1361}  # per GPU on one node: median of the single-node results
 LATENCY = 0.004626  # seconds a step across nodes loses beyond b / v and the unhidden ring
