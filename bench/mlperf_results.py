@@ -149,7 +149,7 @@ def result_rows(round_name, folder, root):
     scored = result_summarizer._compute_olympic_average(counted, dropped, MAX_DROPPED)
     if scored is None:  # the summarizer's None: nothing left after the drops
         raise ValueError(f"{len(runs)} run(s): no olympic mean")
-    rows = []
+    rows, here = [], os.path.join(root, round_name)
     for path, run in runs:
         batch = int(run["global_batch"] or 0)
         rows.append({"round": round_name, "submitter": submitter, "system": system, "accelerator": accelerator,
@@ -160,7 +160,7 @@ def result_rows(round_name, folder, root):
                      "status": run["status"], "epochs": run["epochs"], "minutes": round(run["minutes"], 3),
                      "scored_minutes": round(scored, 3), "init_minutes": run["init_minutes"],
                      "eval_minutes": run["eval_minutes"], "evals": run["evals"],
-                     "source": f"training_results_{round_name}/" + os.path.relpath(path, os.path.join(root, round_name))})
+                     "source": f"training_results_{round_name}/{os.path.relpath(path, here)}"})
     return rows
 
 

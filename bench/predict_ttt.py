@@ -16,6 +16,7 @@ import argparse
 import csv
 import math
 import os
+import pprint
 import statistics
 import sys
 from collections import defaultdict
@@ -165,7 +166,8 @@ def fit_module(model, interval, records):
 `bench/predict_ttt.py --write-fit` from bench/mlperf_resnet_results.csv: {len(records)} results of rounds
 {rounds[0]}-{rounds[-1]}. Do not edit: rerun it."""
 RULESET = {model.RULESET!r}  # the RCPs the epochs come from (the newest with ResNet)
-IMG_PER_S = {dict(sorted(model.IMG_PER_S.items()))!r}  # per GPU on one node: median of the single-node results
+# images/s per GPU on one node: the median of the single-node results
+IMG_PER_S = {pprint.pformat(dict(sorted(model.IMG_PER_S.items())), width=116)}
 LATENCY = {model.LATENCY:.6f}  # seconds a step across nodes loses beyond b / v and the unhidden ring
 PER_DOUBLING = {model.PER_DOUBLING:.6f}  # and more per doubling of the nodes (0: the data show no growth)
 INIT_MINUTES = {dict(sorted(model.INIT_MINUTES.items()))!r}  # init_start to run_start, median per system size
