@@ -43,7 +43,11 @@ def parse_args(argv=None):
     parser.add_argument("--plot", default=os.path.join(ROOT, "docs", "predict_ttt.png"), help="PNG of predicted "
                         "against published minutes ('' for none)")
     parser.add_argument("--write-fit", action="store_true", help=f"write {os.path.relpath(FIT_MODULE, ROOT)}")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    folder = os.path.dirname(os.path.abspath(args.plot))
+    if args.plot and not os.access(folder, os.W_OK):
+        raise InputError(f"{args.plot}: cannot write the plot ({folder} is not a writable folder)")
+    return args
 
 
 def results(path):
@@ -53,6 +57,14 @@ def results(path):
             runs = list(csv.DictReader(f))
     except OSError as err:
         raise InputError(f"{path}: cannot read ({err.strerror})") from None
+    try:
+        return records_of(runs)
+    except (KeyError, ValueError, ZeroDivisionError) as err:
+        raise InputError(f"{path}: not the CSV bench/mlperf_results.py writes ({type(err).__name__}: {err})") from None
+
+
+def records_of(runs):
+    """The records of the CSV's rows (see results)."""
     groups = defaultdict(list)
     for run in runs:
         groups[(run["round"], run["submitter"], run["system"])].append(run)

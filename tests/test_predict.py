@@ -153,3 +153,15 @@ def test_the_recipe_says_how_many_epochs_a_search_could_save(config_dir):
     assert ("search: the RCP checker accepts an olympic mean down to 41.31 epochs, 4.7 (10% of the epochs and minutes) "
             "below the 46 to expect; `python -m rn50_mx.search`'s default horizon range reaches down to 42"
             ) in result.stdout.splitlines()
+
+
+def test_predict_ttt_s_bad_csv_or_unwritable_plot_is_one_line(tmp_path):
+    script = os.path.join(ROOT, "bench", "predict_ttt.py")
+    other = tmp_path / "other.csv"
+    other.write_text("round,system\nv1.0,x\n")
+    for flags, named in ((["--csv", str(tmp_path / "none.csv")], "none.csv: cannot read"),
+                         (["--csv", str(other)], "other.csv: not the CSV bench/mlperf_results.py writes"),
+                         (["--plot", str(tmp_path / "no" / "plot.png")], "plot.png: cannot write the plot")):
+        result = subprocess.run([sys.executable, script, *flags], capture_output=True, text=True, timeout=300)
+        assert_one_line_naming(result, named)
+    assert sorted(os.listdir(tmp_path)) == ["other.csv"]

@@ -14,6 +14,7 @@ epochs to expect (its RCP's runs, or the RCP checker's mean at the batch; the ch
 bench/predict_ttt.py). The fitted constants live in predict_fit.py, written by bench/predict_ttt.py from
 bench/mlperf_resnet_results.csv; its leave-one-round-out errors give the interval.
 """
+import functools
 import math
 import re
 
@@ -61,8 +62,14 @@ def node_gbps(interconnect, gpu):
 def rcp_epochs(global_batch, ruleset=predict_fit.RULESET):
     """The RCP checker's mean epochs at this global batch (an RCP, or its interpolation; the smallest RCP's below
     the table); None above the table."""
-    record, _, _ = checker_reference(load_checker(ruleset), global_batch)
+    record, _, _ = checker_reference(checker(ruleset), global_batch)
     return record["RCP Mean"] if record else None
+
+
+@functools.lru_cache(maxsize=None)
+def checker(ruleset):
+    """The RCP checker of a ruleset, read once (bench/predict_ttt.py asks it for every result of every fit)."""
+    return load_checker(ruleset)
 
 
 def step_seconds(batch_per_gpu, nodes, img_per_s, gbps, fit=predict_fit):
