@@ -49,6 +49,9 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if not os.path.isdir(args.results):
         raise InputError(f"{args.results}: no such folder")
+    for path in (args.out, args.skipped):  # before minutes of parsing
+        if not os.access(os.path.dirname(os.path.abspath(path)), os.W_OK):
+            raise InputError(f"{path}: cannot write (its folder is missing or not writable)")
     return args
 
 
