@@ -7,7 +7,7 @@ import pytest
 
 from rn50_mx import prep_rec
 from tests.support.data import packed_train_val, write_jpeg_tree
-from tests.support.procs import run_train
+from tests.support.procs import ROOT, run_train
 
 @pytest.fixture(scope="session")
 def jpeg_tree(tmp_path_factory):
@@ -39,6 +39,13 @@ def three_classes(tmp_path_factory):
     prep_rec.pack(str(root / "train"), str(root / "data" / "train"))
     prep_rec.pack(str(root / "val"), str(root / "data" / "val"), shuffle=False)
     return str(root / "data")
+
+
+@pytest.fixture
+def config_dir(tmp_path):
+    """A config folder with the shared common file the recipe's configs source."""
+    shutil.copy(os.path.join(ROOT, "config", "gpu_common.sh"), tmp_path)
+    return tmp_path
 
 
 @pytest.fixture

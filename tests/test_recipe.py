@@ -4,12 +4,10 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 
 import pytest
 
-from tests.support.procs import ROOT, assert_one_line_naming, bash, sourced
+from tests.support.procs import ROOT, assert_one_line_naming, bash, run_recipe, sourced
 from rn50_mx import config, recipe, train
 from rn50_mx.errors import InputError
 
@@ -32,18 +30,6 @@ def listing(stdout):
     """`python -m rn50_mx.check`'s listing as {flag: value text}, and its last line (the RCP verdict)."""
     lines = stdout.strip().splitlines()
     return {line.split()[0]: line.split()[1] for line in lines[:-1]}, lines[-1]
-
-
-@pytest.fixture
-def config_dir(tmp_path):
-    """A config folder with the shared common file the written configs source."""
-    shutil.copy(os.path.join(ROOT, "config", "gpu_common.sh"), tmp_path)
-    return tmp_path
-
-
-def run_recipe(config_dir, *flags):
-    return subprocess.run([sys.executable, "-m", "rn50_mx.recipe", "--config-dir", str(config_dir), *flags],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
 def check_written(path):

@@ -12,6 +12,7 @@ them from the two neighbouring RCPs the RCP checker itself would interpolate bet
 smallest RCP (1632) it starts from a published MLPerf run that converged (PUBLISHED). A recipe the compliance
 checker's closed-division rules reject is an error, not a config.
 """
+import argparse
 import os
 import re
 import shlex
@@ -21,8 +22,8 @@ from .. import anchors, config, memory
 from ..mlperf_rules import (BENCHMARK, DEFAULT_RULESET, PRUNED, PUBLISHED, USAGE, horizon_epochs, load_checker,
                             rcp_file, rulesets)
 from ..errors import InputError
-from . import open_division
-from .check import place, verdict
+from . import open_division, predict
+from .check import place, search_room, verdict
 from .choosing import Recipe, choose, interpolate, mode_epoch, whole_epochs
 from .output import config_text, describe, memory_line, write_config
 from .rules import closed_rule_failures
@@ -38,7 +39,7 @@ DEFAULT_MAX_BATCH = 408  # the per-GPU batch of the NF5688M6 submission (A100-80
 # --- command line ---------------------------------------------------------------------------------------------
 def parse_args(argv=None):
     parser = config.Parser(prog="python -m rn50_mx.recipe", description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, required=True, help="number of nodes")
+    parser.add_argument("--nodes", type=int, help="number of nodes (required unless --predict)")
     parser.add_argument("--gpus-per-node", type=int, required=True, help="GPUs per node")
     parser.add_argument("--max-batch-per-gpu", type=int, default=DEFAULT_MAX_BATCH,
                         help=f"largest per-GPU batch that fits in memory (default {DEFAULT_MAX_BATCH}, A100-80GB)")
@@ -53,6 +54,12 @@ def parse_args(argv=None):
                         help=f"CPU cores per node, for DALI's threads per GPU (default this machine's: "
                              f"{os.cpu_count()})")
     parser.add_argument("--img-per-sec-per-gpu", type=float, help="your measured training images/s per GPU")
+    parser.add_argument("--node-gbps", type=float,
+                        help="each node's compute-fabric bandwidth in Gb/s, for the predicted time to train (default "
+                             "the --gpu's DGX: 8 NICs, 1600 for A100, 3200 for H100)")
+    parser.add_argument("--predict", metavar="NODES,NODES,...",
+                        help="only predict: the recipe's time to train for each of these node counts (e.g. "
+                             "1,2,4,8,16), in a table; writes no config")
     parser.add_argument("--system", help="config name (default custom_<nodes>x<gpus>x<batch>)")
     parser.add_argument("--config-dir", default="config", help="where the configs and gpu_common.sh are")
     parser.add_argument("--force", action="store_true", help="replace an existing config/<NAME>.sh")
@@ -61,19 +68,59 @@ def parse_args(argv=None):
                              "levers at the published open runs' values, logged and scored as open, written as "
                              "config/<NAME>_open.sh")
     args = parser.parse_args(argv)
+    args.predict = node_counts(args.predict)
+    if args.nodes is None:
+        if not args.predict:
+            raise InputError("--nodes: required (or --predict NODES,NODES,...)")
+        args.nodes = args.predict[0]
     for flag in ("nodes", "gpus_per_node", "max_batch_per_gpu", "cores_per_node"):
         if getattr(args, flag) < 1:
             raise InputError(f"{config.flag_name(flag)}={getattr(args, flag)}: must be >= 1")
     if args.gpu_memory is not None and not 0 < args.gpu_memory < float("inf"):
         raise InputError(f"--gpu-memory={args.gpu_memory}: must be a number of GiB > 0")
-    if args.img_per_sec_per_gpu is not None and args.img_per_sec_per_gpu <= 0:
-        raise InputError(f"--img-per-sec-per-gpu={args.img_per_sec_per_gpu}: must be > 0")
+    if args.img_per_sec_per_gpu is not None and not 0 < args.img_per_sec_per_gpu < float("inf"):
+        raise InputError(f"--img-per-sec-per-gpu={args.img_per_sec_per_gpu}: must be a number > 0")
+    if args.node_gbps is not None and not 0 < args.node_gbps < float("inf"):
+        raise InputError(f"--node-gbps={args.node_gbps}: must be a number of Gb/s > 0")
     if args.system is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", args.system):
         raise InputError(f"--system {args.system!r}: a config name is letters, digits, '.', '_' and '-' (it names "
                          "config/<NAME>.sh and the launchers' DGXSYSTEM)")
     if not os.path.isfile(os.path.join(args.config_dir, "gpu_common.sh")):
         raise InputError(f"--config-dir {args.config_dir}: no gpu_common.sh there (run from the rn50-mx checkout)")
     return args
+
+
+def node_counts(text):
+    """--predict's node counts as ints (None without the flag); a bad list is one line."""
+    if text is None:
+        return None
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1 or len(counts) > 64:
+        raise InputError(f"--predict {text!r}: a comma-separated list of 1 to 64 node counts >= 1, e.g. 1,2,4,8")
+    return sorted(set(counts))
+
+
+def speed_of(args, gpu):
+    """(images/s per GPU, its source in words): the user's measured figure, else the fit's for the generation."""
+    if args.img_per_sec_per_gpu:
+        return args.img_per_sec_per_gpu, "yours"
+    fitted = predict.speed(gpu.key)
+    return fitted, f"{gpu.label}: the median of the single-node published results"
+
+
+def predict_nodes(args, gpu):
+    """The --predict table: the recipe chosen for each node count, its time to train predicted."""
+    speed, source = speed_of(args, gpu)
+    recipes = [choose(argparse.Namespace(**{**vars(args), "nodes": nodes})) for nodes in args.predict]
+    gbps = args.node_gbps or predict.DEFAULT_NODE_GBPS[gpu.key]
+    print(f"{args.gpus_per_node} {gpu.label} per node, up to {args.max_batch_per_gpu} images per GPU, ruleset "
+          f"{args.ruleset}, {speed:,.0f} img/s per GPU ({source}), {gbps:g} Gb/s per node:")
+    print(predict.table(recipes, speed, gbps))
+    print("predicted: run_start to run_stop (the score), interval from the published results' leave-one-round-out "
+          "errors; ideal: every GPU at full speed, no allreduce or evals; saved: against the row above")
 
 
 def shown_command(argv):
@@ -86,8 +133,10 @@ def shown_command(argv):
 def main(argv=None):
     """Choose the recipe, print it, and write config/<NAME>.sh."""
     args = parse_args(argv)
-    recipe = choose(args)
     gpu = anchors.BY_KEY[args.gpu]
+    if args.predict:
+        return predict_nodes(args, gpu)
+    recipe = choose(args)
     if args.img_per_sec_per_gpu:
         speed, speed_source = args.img_per_sec_per_gpu, "yours"
     else:
@@ -97,7 +146,11 @@ def main(argv=None):
     path = os.path.join(args.config_dir, name + ".sh")
     command = shown_command(sys.argv[1:] if argv is None else argv)
     cores_per_gpu = max(1, args.cores_per_node // recipe.gpus_per_node)
-    text, words = config_text(recipe, command, speed, gpu, cores_per_gpu), describe(recipe, speed, speed_source)
+    forecast = predict.words(recipe, *speed_of(args, gpu), args.node_gbps or predict.DEFAULT_NODE_GBPS[gpu.key])
+    text, words = config_text(recipe, command, speed, gpu, cores_per_gpu), describe(recipe, speed, speed_source,
+                                                                                      forecast)
+    if search_room(recipe):
+        words = "\n".join([words, search_room(recipe)])
     if args.division == "open":
         text = open_division.mark(text) + open_division.config_block(recipe.num_epochs)
         words = "\n".join([words, *open_division.describe_lines(recipe.num_epochs)])

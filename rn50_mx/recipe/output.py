@@ -31,8 +31,8 @@ def eval_epochs(recipe):
     return f"{first}, {first + EVAL_PERIOD}, ..., {recipe.last_eval}"
 
 
-def describe(recipe, img_per_sec, speed_source):
-    """The recipe in words: values, why, what to expect."""
+def describe(recipe, img_per_sec, speed_source, forecast=""):
+    """The recipe in words: values, why, what to expect (`forecast`: rn50_mx.recipe.predict's line)."""
     mean, low, high = recipe.expect
     rows = [
         f"machine: {recipe.nodes} node(s) x {recipe.gpus_per_node} GPUs x {recipe.batch_per_gpu} images = global "
@@ -51,6 +51,7 @@ def describe(recipe, img_per_sec, speed_source):
         f"time to train: ~{minutes(recipe.eval_target, recipe, img_per_sec):.1f} min at {img_per_sec:,.0f} img/s per "
         f"GPU ({speed_source}; ideal scaling, evals and init not counted), "
         f"{minutes(recipe.last_eval, recipe, img_per_sec):.1f} min for the whole budget",
+        *([forecast] if forecast else []),
         recipe.checker_line,
     ]
     note = momentum_note(recipe.global_batch, recipe.momentum)

@@ -68,6 +68,12 @@ def clean_environ():
     return {**kept, **PYTHONPATH}
 
 
+def run_recipe(config_dir, *flags):
+    """`python -m rn50_mx.recipe` writing into `config_dir` (the conftest's config_dir)."""
+    return subprocess.run([sys.executable, "-m", "rn50_mx.recipe", "--config-dir", str(config_dir), *flags],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
 def run_train(argv, env=None, timeout=600):
     """`python -m rn50_mx.train ARGV` in a clean environment (plus `env`); the CompletedProcess."""
     return subprocess.run([sys.executable, "-m", "rn50_mx.train", *argv], env={**clean_environ(), **(env or {})},
