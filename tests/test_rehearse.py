@@ -98,8 +98,9 @@ def test_every_gpu_config_s_code_path_rehearses(configs, tmp_path):
         if "NF5688M6" in names:
             continue
         result = rehearse(names[0], "--quick", "--work", str(tmp_path / names[0]), config_dir=str(configs))
-        if result.returncode != 0 or rows(result.stdout)["train"][0] != "ok":
-            failed.append((names, result.stdout[-1500:] + result.stderr[-1000:]))
+        train = rows(result.stdout).get("train")
+        if result.returncode != 0 or not train or train[0] != "ok":
+            failed.append((names, train or result.stdout[-1500:] + result.stderr[-1000:]))
     assert not failed, failed
 
 
