@@ -26,8 +26,9 @@ def pipelines(s, ctx):
     for name, it, count in (("train", train_it, 2), ("val", val_it, 1)):
         for batch, _ in zip(it, range(count)):
             x, y = batch.data[0], batch.label[0].asnumpy()
-            if x.shape != shape or np.dtype(x.dtype) != np.dtype(s.dtype) or x.context != ctx:
-                raise CheckFailed(f"{name} batch is {x.shape} {x.dtype} on {x.context}, not {shape} {s.dtype} on {ctx}")
+            if x.shape != shape or np.dtype(x.dtype) != np.dtype(s.input_dtype) or x.context != ctx:
+                raise CheckFailed(f"{name} batch is {x.shape} {x.dtype} on {x.context}, not {shape} {s.input_dtype} "
+                                  f"on {ctx}")
             if not (x.asnumpy().astype("float32") ** 2).sum() < float("inf"):
                 raise CheckFailed(f"{name} batch has non-finite values")
             if y.min() < 0 or y.max() >= s.num_classes:
