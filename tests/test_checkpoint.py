@@ -644,9 +644,13 @@ def masters_in(folder):
 def test_a_bfloat16_run_stopped_mid_epoch_resumes_exactly(recs, tmp_path):
     """DTYPE=bfloat16, with the weight EMA and a batch-size schedule (open levers that keep state of their own):
     SIGTERM in epoch 1; the checkpoint holds the float32 masters of the bfloat16 weights, each weight its master
-    rounded; the resumed run's losses, evals and final model equal those of the run nothing stopped, bit for bit."""
+    rounded; the resumed run's losses, evals and final model equal those of the run nothing stopped, bit for bit.
+    evaluate --model scores the saved model (its symbol casts the float32 images) to the run's last eval."""
     lever = dict(dtype="bfloat16", ema_decay=0.6, ema_every=3, batch_schedule="1:2", submission_division="open")
-    reference = run(recs, 1, tmp_path / "whole.txt", save_model=tmp_path / "whole", **lever)
+    whole_log = str(tmp_path / "whole.log")
+    reference = run(recs, 1, tmp_path / "whole.txt", save_model=tmp_path / "whole", mllog_file=whole_log, **lever)
+    result = evaluate(recs, 1, "--model", str(tmp_path / "whole"), **lever)
+    assert f"top-1 {values(events(whole_log), 'eval_accuracy')[-1]!r}, " in result.stdout, result.stderr[-2000:]
     folder, out = str(tmp_path / "ckpt"), tmp_path / "stopped.txt"
     proc = start(recs, 1, out, checkpoint_dir=folder, **lever)
     wait_for(proc, out, rf"epoch 1 step 1/{STEPS}")
