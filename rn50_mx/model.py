@@ -37,6 +37,7 @@ def mx_dtype(name):
 
 
 def is_low_precision(dtype):
+    """Whether `dtype` trains with float32 BatchNorm and master weights (see LOW_PRECISION)."""
     return np.dtype(dtype) in LOW_PRECISION
 
 # (units, bottleneck width, stride of the first unit) per stage; each unit outputs 4 x width channels.
