@@ -10,6 +10,7 @@ import mxnet as mx
 import psutil
 import pytest
 
+from tests.support.bfloat16 import needs_bfloat16
 from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, sourced
 from rn50_mx import prep_rec
 
@@ -205,3 +206,17 @@ def test_a_fatal_normconv_kernel_names_the_setting_that_avoids_it():
     with pytest.raises(CheckFailed, match=r"^the NormConv kernels failed on this GPU \(\[NormConvolution\] No "
                                           r"fallback impl\); train with RN50_NORMCONV=0$"):
         checks.layout_precision(s, mx.cpu(), net, batch)
+
+
+@needs_bfloat16
+def test_the_layout_precision_check_judges_bfloat16(fashion):
+    """DTYPE=bfloat16 at the demo's batch (128 images of 32x32) against NCHW float32 on one real batch: within its
+    tolerance (the old check had none for bfloat16: KeyError)."""
+    from rn50_mx import config, data
+    from rn50_mx.selftest import checks
+
+    s = config.load([*fashion.split(), "--num-classes", "10", "--image-shape", "3,32,32", "--batch-size", "128",
+                     "--dali-threads", "1", "--seed", "1", "--dtype", "bfloat16"], {})
+    train_it, _ = data.make_iters(s, 0, 1, 1, mx.cpu())
+    detail = checks.layout_precision(s, mx.cpu(), checks.configured_network(s, mx.cpu()), next(iter(train_it)))
+    assert "(NCHW bfloat16) vs" in detail, detail

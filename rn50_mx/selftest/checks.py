@@ -10,8 +10,9 @@ from ..errors import InputError
 from .report import CheckFailed, Skipped
 
 # Loss of the configured model against NCHW float32 on the same weights and batch: float32 differs only in the
-# order of sums; float16 in its 11-bit mantissa through 50 layers.
-LOSS_RTOL = {"float32": 1e-4, "float16": 2e-2}
+# order of sums; float16 in its 11-bit mantissa through 50 layers; bfloat16 in its 8-bit one (measured at the
+# demo's batch of 128 32x32 images, 5 seeds: 0.05-0.79 % apart).
+LOSS_RTOL = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 3e-2}
 STEP_RTOL = 1e-4  # one LARS step's master weights against float32: the same arithmetic, summed in another order
 
 
