@@ -112,8 +112,9 @@ class Settings:
                                            env="DALI_NORMALIZE_BUFFER_HINT", low=0, high=1 << 40)
 
     # --- model ------------------------------------------------------------------------------------
-    dtype: str = _opt("float32", "compute precision (float16 keeps fp32 master weights)", env="DTYPE",
-                      choices=("float32", "float16"))
+    dtype: str = _opt("float32", "compute precision: float16 on the GPU, bfloat16 on a CPU with avx512_bf16 or "
+                      "amx_bf16; either keeps BatchNorm, the loss and fp32 master weights in float32", env="DTYPE",
+                      choices=("float32", "float16", "bfloat16"))
     input_layout: str = _opt("NCHW", "tensor layout (MXNet CPU convolutions need NCHW)", env="INPUT_LAYOUT",
                              choices=("NCHW", "NHWC"))
     bn_gamma_init0: bool = _opt(False, "zero-initialise the last BN gamma of each block", env="BN_GAMMA_INIT0")
@@ -280,6 +281,12 @@ class Settings:
         return momentum_points(self.mom_schedule)
 
     @property
+    def input_dtype(self):
+        """The dtype the input pipeline delivers the images in: DTYPE, but float32 for bfloat16, which DALI has no
+        output type for (DALIDataType); the network's first operator casts them (model.ResNet50V15.cast)."""
+        return "float32" if self.dtype == "bfloat16" else self.dtype
+
+    @property
     def is_lars(self):
         return self.optimizer in ("lars", "sgdwfastlars")
 
@@ -352,6 +359,36 @@ def momentum_points(text):
             raise ValueError(f"{item!r}: the epochs must rise from point to point")
         points.append(point)
     return points
+
+
+CPUINFO = "/proc/cpuinfo"
+BFLOAT16_FLAGS = ("avx512_bf16", "amx_bf16")  # the x86 instructions oneDNN computes bfloat16 with
+
+
+def cpu_flags(path=None):
+    """The flags of the first processor in `path` (default CPUINFO): empty where there is no such file (not Linux)."""
+    try:
+        with open(path or CPUINFO) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "flags":
+                    return set(value.split())
+    except OSError:
+        pass
+    return set()
+
+
+def check_bfloat16(s, src):
+    """Where bfloat16 can run: the CPU (the GPU's low precision is float16), with the instructions, in one process."""
+    name = src("dtype")
+    if s.device == "gpu":
+        raise SettingsError(f"{name}=bfloat16: the CPU's low precision; on the GPU use float16")
+    if not set(BFLOAT16_FLAGS) & cpu_flags():
+        raise SettingsError(f"{name}=bfloat16: this CPU has neither {' nor '.join(BFLOAT16_FLAGS)} ({CPUINFO}): "
+                            "use float32")
+    if s.kv_store == "horovod":
+        raise SettingsError(f"{name}=bfloat16: one process only: Horovod's MXNet allreduce takes no bfloat16 "
+                            f"(horovod/mxnet/tensor_util.cc, TensorUtil::GetDType); set {src('kv_store')}=device")
 
 
 MAX_BATCH_FACTOR = 1024  # steps per update: 1024 x 3264 images is over 3 million, far past ResNet-50 batches in use
@@ -456,6 +493,8 @@ def validate(s, origins=None):
     if s.warmup_epochs >= s.num_epochs:
         raise SettingsError(f"{src('warmup_epochs')}={s.warmup_epochs}: must be below "
                             f"{src('num_epochs')}={s.num_epochs}")
+    if s.dtype == "bfloat16":
+        check_bfloat16(s, src)
     if s.input_layout == "NHWC" and s.device == "cpu":
         raise SettingsError(f"{src('input_layout')}=NHWC: MXNet's CPU convolutions need NCHW; NHWC is the GPU layout")
     levers = [name for name in OPEN_LEVERS if name in open_levers(s)]

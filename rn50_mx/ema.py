@@ -2,7 +2,7 @@
 BatchNorm running statistics included, that every eval uses instead of the live weights.
 
 Every --ema-every steps, after the optimizer's update: ema = decay * ema + (1 - decay) * w, in float32, where w is
-the fp32 master copy of a float16 weight (the optimizer's state) and the parameter itself otherwise (float32
+the fp32 master copy of a float16 or bfloat16 weight (the optimizer's state) and the parameter itself otherwise (float32
 weights, BatchNorm's parameters and statistics, which Gluon keeps in float32). The update is MXNet's multi-tensor
 SGD kernel (multi_sgd_update) with lr = 1 - decay, wd = 1 and rescale_grad = -1 on the "gradient" w:
     ema - lr * (rescale_grad * w + wd * ema) = decay * ema + (1 - decay) * w,
@@ -41,8 +41,8 @@ class Off:
 
 
 def masters(trainer):
-    """{parameter name: its fp32 master copy} for the parameters the optimizer keeps one of (float16 weights
-    under multi_precision: the state is (momentum, master))."""
+    """{parameter name: its fp32 master copy} for the parameters the optimizer keeps one of (float16 and bfloat16
+    weights under multi_precision: the state is (momentum, master))."""
     states = trainer._updaters[0].states if trainer._updaters else {}
     return {trainer._params[i].name: state[1] for i, state in states.items()
             if isinstance(state, (tuple, list)) and len(state) == 2}

@@ -34,13 +34,16 @@ def need(s):
 
 def weight_bytes(net):
     """Parameters, the gradients of the trainable ones and their optimizer states (optim.LARS: momentum in the
-    weight's dtype; a float16 weight under multi-precision keeps float32 momentum and a float32 master copy)."""
+    weight's dtype; a float16 or bfloat16 weight under multi-precision keeps float32 momentum and a float32 master
+    copy)."""
+    from .model import is_low_precision
+
     total = 0
     for p in net.collect_params().values():
         size, itemsize = int(np.prod(p.shape)), np.dtype(p.dtype).itemsize
         total += size * itemsize
         if p.grad_req != "null":
-            mixed = np.dtype(p.dtype) == np.float16  # float16 runs are multi-precision (optim.make_optimizer)
+            mixed = is_low_precision(p.dtype)  # low-precision runs are multi-precision (optim.make_optimizer)
             total += size * itemsize + (2 * size * 4 if mixed else size * itemsize)
     return total
 
@@ -63,7 +66,7 @@ def activation_bytes(net, s):
     symbol = net(mx.sym.var("data"))
     internals = symbol.get_internals()
     _, shapes, _ = internals.infer_shape(data=data.batch_shape(s))
-    _, dtypes, _ = internals.infer_type(data=np.dtype(s.dtype))
+    _, dtypes, _ = internals.infer_type(data=np.dtype(s.input_dtype))
     inputs = set(symbol.list_arguments()) | set(symbol.list_auxiliary_states())
     return sum(int(np.prod(shape)) * np.dtype(dtype).itemsize
                for name, shape, dtype in zip(internals.list_outputs(), shapes, dtypes) if name not in inputs)

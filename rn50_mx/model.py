@@ -10,18 +10,38 @@ Either way the parameters and their names are the same. Parameter names are the 
 `stage1_unit1_conv1sc_weight`, `fc1_bias`, ...), so the 161 trainable tensors can be logged under the names the MLPerf
 checkers know.
 
-What MXNet 1.9.1 on CPU can run (measured): NCHW float32 only. Conv2D with layout NHWC fails (MKLDNN:
-"could not create a descriptor"; without MKLDNN: "Only support NCW, NCHW and NCDHW layout"), and float16
-Conv2D / Dense fail too ("FP16 gemm on cpu not implemented"). BatchNorm(axis=3) and NHWC pooling do run.
-NHWC and float16 are the GPU path: the same code, switched by `Layout` and `net.cast`.
+What MXNet 1.9.1 on CPU can run (measured): NCHW in float32, and in bfloat16 where the CPU has the instructions
+(oneDNN). Conv2D with layout NHWC fails (MKLDNN: "could not create a descriptor"; without MKLDNN: "Only support NCW,
+NCHW and NCDHW layout"), and float16 Conv2D / Dense fail too ("FP16 gemm on cpu not implemented"). BatchNorm(axis=3)
+and NHWC pooling do run. NHWC and float16 are the GPU path, bfloat16 the CPU's: the same code, switched by `Layout`
+and `net.cast`.
 """
 from dataclasses import dataclass
 
 import mxnet as mx
+import numpy as np
 from mxnet import gluon
 from mxnet.gluon import nn
 
 from . import standin
+
+# MXNet's bfloat16 (type code 12): NumPy has no such type, MXNet names it by a structured dtype (mxnet/ndarray/
+# ndarray.py, _DTYPE_MX_TO_NP), which its operators and NDArray.astype take.
+BFLOAT16 = mx.ndarray.ndarray._DTYPE_MX_TO_NP[12]
+# The low-precision types: the network computes in them, BatchNorm, the loss and the optimizer's master weights stay
+# float32.
+LOW_PRECISION = (np.dtype(np.float16), BFLOAT16)
+
+
+def mx_dtype(name):
+    """The dtype MXNet takes for a DTYPE value (`float32`, `float16`, `bfloat16`)."""
+    return BFLOAT16 if name == "bfloat16" else np.dtype(name)
+
+
+def is_low_precision(dtype):
+    """Whether `dtype` trains with float32 BatchNorm and master weights (see LOW_PRECISION)."""
+    return np.dtype(dtype) in LOW_PRECISION
+
 
 # (units, bottleneck width, stride of the first unit) per stage; each unit outputs 4 x width channels.
 STAGES = ((3, 64, 1), (4, 128, 2), (6, 256, 2), (3, 512, 2))
@@ -74,7 +94,7 @@ class Layout:
         """BatchNorm over the channel axis; gamma 1 (or 0), beta 0, running mean 0, running var 1.
 
         then: None, "relu" (BN -> ReLU) or "add_relu" (BN, plus a second input, -> ReLU)."""
-        block = {None: nn.BatchNorm, "relu": BatchNormReLU, "add_relu": BatchNormAddReLU}[then]
+        block = {None: BatchNorm, "relu": BatchNormReLU, "add_relu": BatchNormAddReLU}[then]
         fused = {} if then is None else dict(fused=self.fused)
         return block(axis=self.name.index("C"), epsilon=self.bn_eps, momentum=self.bn_mom, in_channels=channels,
                      prefix=prefix, gamma_initializer="zeros" if zero_gamma else "ones", **fused)
@@ -86,7 +106,16 @@ class Layout:
         return nn.GlobalAvgPool2D(layout=self.name, prefix=prefix)
 
 
-class BatchNormReLU(nn.BatchNorm):
+class BatchNorm(nn.BatchNorm):
+    """Gluon's BatchNorm, whose parameters and running statistics stay float32 when the network is cast to either
+    low precision: Gluon's cast keeps float32 for float16 only (gluon/nn/basic_layers.py, _BatchNorm.cast), and
+    MXNet's BatchNorm refuses a bfloat16 gamma ("This layer requires uniform type")."""
+
+    def cast(self, dtype):
+        super().cast("float32" if is_low_precision(dtype) else dtype)
+
+
+class BatchNormReLU(BatchNorm):
     """BatchNorm then ReLU: NGC's one-kernel BatchNorm(act_type='relu') when `fused`, else two operators."""
 
     def __init__(self, fused, **kwargs):
@@ -231,8 +260,17 @@ class ResNet50V15(gluon.HybridBlock):
         self.pool1 = layout.global_avg_pool("pool1_")
         self.fc1 = nn.Dense(num_classes, in_units=channels, prefix="fc1_",
                             weight_initializer=mx.init.Normal(0.01), bias_initializer="zeros")
+        self.image_cast = None
+
+    def cast(self, dtype):
+        """Cast as Gluon does; in bfloat16 the images come in float32 (config.Settings.input_dtype) and the first
+        operator of the traced graph casts them: one cast per batch, on the device."""
+        super().cast(dtype)
+        self.image_cast = BFLOAT16 if np.dtype(dtype) == BFLOAT16 else None
 
     def hybrid_forward(self, F, x):
+        if self.image_cast is not None:
+            x = F.amp_cast(x, dtype=self.image_cast)
         x = self.pool0(self.bn0(self.conv0(x)))
         x = self.stages(x)
         return self.fc1(self.pool1(x))
@@ -241,7 +279,7 @@ class ResNet50V15(gluon.HybridBlock):
 def build_model(settings, ctx=None):
     """The network of `settings`, initialised on `ctx` (default CPU) and cast to `settings.dtype`.
 
-    Seed `mx.random` first for a reproducible init. In float16, Gluon's BatchNorm keeps gamma, beta and the
+    Seed `mx.random` first for a reproducible init. In float16 and bfloat16, BatchNorm keeps gamma, beta and the
     running statistics in float32; the float32 master weights live in the optimizer (multi_precision).
     """
     nhwc = settings.input_layout == "NHWC"
@@ -255,7 +293,7 @@ def build_model(settings, ctx=None):
     net = ResNet50V15(layout, settings.num_classes, settings.image_chw[0], settings.bn_gamma_init0,
                       settings.image_chw[1:])
     net.initialize(ctx=ctx or mx.cpu())
-    net.cast(settings.dtype)
+    net.cast(mx_dtype(settings.dtype))
     return net
 
 

@@ -15,7 +15,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import gluon, nd
 
-from .model import is_layer_weight, split_params
+from .model import BFLOAT16, is_layer_weight, is_low_precision, split_params
 from .updates import Updates
 
 # MXNet's multi-tensor SGD kernels take at most 60 tensors per call (PreloadedMultiSGDKernelParam::N).
@@ -82,7 +82,50 @@ def schedule(settings, steps_per_epoch):
     return lr if updates is None else functools.partial(updates.scaled, lr)
 
 
-class LARS(mx.optimizer.Optimizer):
+class Masters:
+    """Float32 master weights for low-precision weights under multi_precision, for LARS and SGD alike: the state of
+    a float16 or bfloat16 tensor is (float32 momentum, float32 master), as MXNet's SGD makes it for float16.
+
+    float16 goes through MXNet's multi-precision kernels, which update the master and write the weight rounded from
+    it in one pass. Those kernels take no bfloat16: MXNet 1.9.1's preloaded_multi_mp_sgd_mom_update
+    (src/operator/contrib/preloaded_multi_sgd-inl.h:313), multi_mp_sgd_mom_update and mp_sgd_mom_update
+    (src/operator/optimizer_op-inl.h:367, :734) dispatch on MSHADOW_REAL_TYPE_SWITCH, which has no bfloat16 case
+    (3rdparty/mshadow/mshadow/base.h:1238: "Unknown type enum 12"), as does multi_sum_sq (contrib/multi_sum_sq.cc:87).
+    So a bfloat16 tensor takes the float32 update on its master, with its gradient cast to float32, and the weight is
+    the master rounded to bfloat16 afterwards: the float16 kernels' arithmetic in float32, and the same rounding of
+    the result into the weight (MXNet's Optimizer.update_multi_precision does so for float16, python/mxnet/optimizer/
+    optimizer.py:298). A subclass names its update through MXNet's kernels `update_kernels`."""
+
+    def create_state_multi_precision(self, index, weight):
+        """(momentum, master) for a low-precision weight under multi_precision, else the momentum. A bfloat16 master
+        is copied once the queue is empty: after an inference forward (the warm-up's eval) MXNet's oneDNN
+        convolution leaves its weight in oneDNN's layout and a training pass reorders it in place while the engine
+        counts that as a read, so a copy queued beside the backward reads it half-reordered (measured: "The size of
+        NDArray doesn't match the requested MKLDNN memory desc", src/ndarray/ndarray.cc:693). States are made at the
+        first update, a reset and a resume only."""
+        if self.multi_precision and is_low_precision(weight.dtype):
+            if weight.dtype == BFLOAT16:
+                nd.waitall()
+            master = weight.astype("float32")
+            return (self.create_state(index, master), master)
+        return super().create_state_multi_precision(index, weight)
+
+    def update_multi_precision(self, index, weight, grad, state):
+        listed = isinstance(index, (tuple, list))
+        if not (self.multi_precision and (weight[0] if listed else weight).dtype == BFLOAT16):
+            return self.update_kernels(index, weight, grad, state)
+        weights, grads, states = (weight, grad, state) if listed else ([weight], [grad], [state])
+
+        def given(arrays):  # one tensor or a list, as the caller gave them
+            return arrays if listed else arrays[0]
+
+        masters = [s[1] for s in states]
+        self.update(index, given(masters), given([g.astype("float32") for g in grads]), given([s[0] for s in states]))
+        for master, w in zip(masters, weights):
+            nd.amp_cast(master, dtype=BFLOAT16, out=w)
+
+
+class LARS(Masters, mx.optimizer.Optimizer):
     """Momentum SGD with a layer-wise trust ratio on conv and dense weights (sgdwfastlars optimizer,
     lars_multi_mp_sgd_mom_update, REF's LARS).
 
@@ -90,8 +133,8 @@ class LARS(mx.optimizer.Optimizer):
         lr_i = lr * eta*||w|| / (||g|| + wd*||w|| + eps)   if ||w|| > 0 and ||g|| > 0, else lr
         m = mom_i*m - lr_i*(wd*w + g);  w = w + m
     1-D tensors (`model.is_layer_weight` is False) take lr_i = lr; `make_trainer` sets their wd_mult. With
-    multi_precision, float16 tensors keep a float32 master copy and float32 momentum; norms are taken on the
-    master copy and on the gradient as it is (see grad_sq_sum).
+    multi_precision, float16 and bfloat16 tensors keep a float32 master copy and float32 momentum (Masters); norms
+    are taken on the master copy and on the gradient as it is (see grad_sq_sum), a bfloat16 one cast to float32.
 
     correct_momentum (the submission's SGDwFASTLARS, common/fit.py of training_results_v1.0): layer weights
     take mom_i = momentum * lr_t / lr_{t-1} (1 at the first update). The submitted code scales the momentum of
@@ -123,15 +166,8 @@ class LARS(mx.optimizer.Optimizer):
     def create_state(self, index, weight):
         return nd.zeros(weight.shape, weight.context, dtype=weight.dtype)
 
-    def create_state_multi_precision(self, index, weight):
-        """(momentum, float32 master) for float16 weights under multi_precision, else the momentum."""
-        if self.multi_precision and weight.dtype == np.float16:
-            master = weight.astype("float32")
-            return (self.create_state(index, master), master)
-        return self.create_state(index, weight)
-
     def update(self, index, weight, grad, state):
-        self.update_multi_precision(index, weight, grad, state)
+        self.update_kernels(index, weight, grad, state)
 
     def lr_of(self, num_update):
         return self.lr_scheduler(num_update) if self.lr_scheduler is not None else self.lr
@@ -155,8 +191,9 @@ class LARS(mx.optimizer.Optimizer):
             self.groups[key] = Group(index, weight, mults, self._get_wds(index))
         return self.groups[key]
 
-    def update_multi_precision(self, index, weight, grad, state):
-        """Update one tensor or a list of tensors of one dtype (gluon's Updater groups them so)."""
+    def update_kernels(self, index, weight, grad, state):
+        """Update one tensor or a list of tensors of one dtype (gluon's Updater groups them so); bfloat16 ones come
+        here as their float32 masters (Masters)."""
         if not isinstance(index, (tuple, list)):
             index, weight, grad, state = [index], [weight], [grad], [state]
         self._update_count(index)
@@ -210,6 +247,12 @@ class SGDwFastLARS(LARS):
     """The same optimizer under the reference's name (`--optimizer sgdwfastlars`, common/fit.py)."""
 
 
+class SGD(Masters, mx.optimizer.SGD):
+    """MXNet's momentum SGD, with float32 masters for bfloat16 weights too (Masters)."""
+
+    update_kernels = mx.optimizer.SGD.update_multi_precision
+
+
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # replacing MXNet's own `lars` is intended; MXNet warns about it
     mx.optimizer.register(LARS)
@@ -217,9 +260,10 @@ mx.optimizer.register(SGDwFastLARS)
 
 
 def make_optimizer(settings, steps_per_epoch):
-    """LARS or momentum SGD on the warmup + poly(2) schedule; fp32 master weights when training in float16."""
+    """LARS or momentum SGD on the warmup + poly(2) schedule; fp32 master weights when training in float16 or
+    bfloat16."""
     common = dict(momentum=settings.mom, wd=settings.wd, lr_scheduler=schedule(settings, steps_per_epoch),
-                  multi_precision=settings.dtype == "float16")
+                  multi_precision=settings.dtype != "float32")
     if settings.is_lars:
         points, updates = settings.momentum_points, Updates.of(settings, steps_per_epoch)
         scheduler = functools.partial(momentum_at, points=points, steps_per_epoch=steps_per_epoch) if points else None
@@ -229,7 +273,7 @@ def make_optimizer(settings, steps_per_epoch):
                                         correct_momentum=settings.lars_form == "submitted",
                                         momentum_scheduler=scheduler, **common)
     else:
-        optimizer = mx.optimizer.create("sgd", **common)
+        optimizer = SGD(**common)
     # Tensors per multi-tensor update call. MXNet's own optimizers read MXNET_OPTIMIZER_AGGREGATION_SIZE from the
     # environment themselves; config.py reads it for every optimizer here, so the value in force is the one shown.
     optimizer.aggregate_num = settings.optimizer_aggregation_size
@@ -287,4 +331,8 @@ def zero_sums(trainer):
     """Every gradient of `trainer`'s parameters set to 0 (one reset call, queued after the update that read them):
     under --batch-schedule's grad_req 'add', after each update, so that the next one sums its own steps only."""
     grads = [p.list_grad()[0] for p in trainer._params if p.grad_req != "null"]
-    nd.reset_arrays(*grads, num_arrays=len(grads))
+    kernel = [g for g in grads if g.dtype != BFLOAT16]  # reset_arrays takes no bfloat16 (reset_arrays-inl.h:82)
+    nd.reset_arrays(*kernel, num_arrays=len(kernel))
+    for g in grads:
+        if g.dtype == BFLOAT16:
+            g[:] = 0

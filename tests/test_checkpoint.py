@@ -28,6 +28,7 @@ import pytest
 
 from rn50_mx import checkpoint, config, files, model, optim, timing
 from rn50_mx.config import Settings
+from tests.support.bfloat16 import needs_bfloat16, round_bf16, to_np
 from tests.support.mllog import events, values
 from tests.support.procs import assert_one_line_naming, clean_environ, wait_for
 from tests.support.runs import FLAGS, STEPS, argv, assert_same_params, epoch_lines, evaluate, finish, run, start
@@ -629,3 +630,44 @@ def test_timing_does_not_score_a_resumed_run(tmp_path):
     report = report_of([folder])
     assert "result_2.txt: resumed from a checkpoint (not one uninterrupted run)" in report["score"]["verdict"]
     assert not report["runs"][1]["counted"]
+
+
+# --- bfloat16 ----------------------------------------------------------------------------------------------------
+
+def masters_in(folder):
+    """{parameter name: its float32 master} in checkpoint `folder`'s optimizer states, for the parameters whose
+    state is (momentum, master); the states are numbered in the trainer's order of the parameters."""
+    counts = json.load(open(os.path.join(folder, "trainer.json")))["parts"]
+    states = mx.nd.load(os.path.join(folder, "trainer"))
+    names = list(checkpoint.contents.expected_model(json.dumps(checkpoint.read_meta(folder)["settings"])))
+    return {names[int(i)]: states[f"{i}.1"] for i, n in counts.items() if n == 2}
+
+
+@pytest.mark.slow
+@needs_bfloat16
+def test_a_bfloat16_run_stopped_mid_epoch_resumes_exactly(recs, tmp_path):
+    """DTYPE=bfloat16, with the weight EMA and a batch-size schedule (open levers that keep state of their own):
+    SIGTERM in epoch 1; the checkpoint holds the float32 masters of the bfloat16 weights, each weight its master
+    rounded; the resumed run's losses, evals and final model equal those of the run nothing stopped, bit for bit.
+    evaluate --model scores the saved model (its symbol casts the float32 images) to the run's last eval."""
+    lever = dict(dtype="bfloat16", ema_decay=0.6, ema_every=3, batch_schedule="1:2", submission_division="open")
+    whole_log = str(tmp_path / "whole.log")
+    reference = run(recs, 1, tmp_path / "whole.txt", save_model=tmp_path / "whole", mllog_file=whole_log, **lever)
+    result = evaluate(recs, 1, "--model", str(tmp_path / "whole"), **lever)
+    assert f"top-1 {values(events(whole_log), 'eval_accuracy')[-1]!r}, " in result.stdout, result.stderr[-2000:]
+    folder, out = str(tmp_path / "ckpt"), tmp_path / "stopped.txt"
+    proc = start(recs, 1, out, checkpoint_dir=folder, **lever)
+    wait_for(proc, out, rf"epoch 1 step 1/{STEPS}")
+    proc.send_signal(signal.SIGTERM)
+    finish(proc, out, code=checkpoint.RESUMABLE_EXIT)
+    (step,) = [name for name in os.listdir(folder) if name.startswith("step-")]
+    params = mx.nd.load(os.path.join(folder, step, "params"))
+    masters = masters_in(os.path.join(folder, step))
+    assert len(masters) == 55  # 53 conv kernels, fc1's weight and bias; BatchNorm's are float32 themselves
+    for name, master in masters.items():
+        assert master.dtype == np.float32 and params[name].dtype == model.BFLOAT16, name
+        np.testing.assert_array_equal(to_np(params[name]), round_bf16(master.asnumpy()), err_msg=name)
+    text = run(recs, 1, tmp_path / "resumed.txt", checkpoint_dir=folder, save_model=tmp_path / "resumed", **lever)
+    assert_same_params(str(tmp_path / "resumed"), str(tmp_path / "whole"))
+    ours, theirs = epoch_lines(text), epoch_lines(reference)
+    assert sorted(ours) == [2] and ours[2] == theirs[2] and "top-1" in ours[2], (ours, theirs)

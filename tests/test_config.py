@@ -119,3 +119,67 @@ def test_check_refuses_a_resume_it_cannot_judge(argv, says):
     line, before any checkpoint is looked at."""
     result = run([sys.executable, "-m", "rn50_mx.check", *argv], clean_environ())
     assert_one_line_naming(result, says)
+
+
+# --- DTYPE=bfloat16: where it can run ------------------------------------------------------------------------------
+
+CPUINFO_FLAGS = "processor\t: {n}\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx2 avx512f{extra}\n\n"
+
+
+def planted_cpuinfo(monkeypatch, tmp_path, extra):
+    """A /proc/cpuinfo of two processors whose flags add `extra` to an AVX-512 CPU's, read instead of the real one."""
+    from rn50_mx import config
+    path = tmp_path / "cpuinfo"
+    path.write_text("".join(CPUINFO_FLAGS.format(n=n, extra=extra) for n in range(2)))
+    monkeypatch.setattr(config, "CPUINFO", str(path))
+    return path
+
+
+@pytest.mark.parametrize("extra", [" avx512_bf16", " amx_bf16 amx_tile"])
+def test_bfloat16_is_taken_on_a_cpu_with_either_instruction(monkeypatch, tmp_path, extra):
+    from rn50_mx import config
+    planted_cpuinfo(monkeypatch, tmp_path, extra)
+    s = config.load(["--dtype", "bfloat16"], {})
+    assert (s.dtype, s.input_dtype) == ("bfloat16", "float32")  # DALI delivers float32; the network casts
+    assert config.load([], {"DTYPE": "bfloat16"}).dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("argv,env,says", [
+    (["--dtype", "bfloat16"], {}, "--dtype=bfloat16: this CPU has neither avx512_bf16 nor amx_bf16 ({}): use float32"),
+    ([], {"DTYPE": "bfloat16"}, "DTYPE=bfloat16: this CPU has neither avx512_bf16 nor amx_bf16 ({}): use float32"),
+])
+def test_bfloat16_is_refused_on_a_cpu_without_the_instructions(monkeypatch, tmp_path, argv, env, says):
+    from rn50_mx import config
+    path = planted_cpuinfo(monkeypatch, tmp_path, " avx512_vnni")  # AVX-512, but no bfloat16 (Ice Lake, Zen 3)
+    with pytest.raises(config.SettingsError) as err:
+        config.load(argv, env)
+    assert str(err.value) == says.format(path)
+    path.unlink()  # no cpuinfo at all (not Linux): nothing says the CPU has them
+    with pytest.raises(config.SettingsError, match="this CPU has neither"):
+        config.load(argv, env)
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--device", "gpu"], "--dtype=bfloat16: the CPU's low precision; on the GPU use float16"),
+    (["--kv-store", "horovod"], "--dtype=bfloat16: one process only: Horovod's MXNet allreduce takes no bfloat16"),
+])
+def test_bfloat16_is_refused_on_the_gpu_and_under_horovod(monkeypatch, tmp_path, argv, says):
+    from rn50_mx import config
+    planted_cpuinfo(monkeypatch, tmp_path, " avx512_bf16")
+    with pytest.raises(config.SettingsError, match="^" + says):
+        config.load(["--dtype", "bfloat16", *argv], {})
+
+
+def test_cpu_flags_are_the_first_processor_s(tmp_path):
+    from rn50_mx import config
+    path = tmp_path / "cpuinfo"
+    path.write_text(CPUINFO_FLAGS.format(n=0, extra=" avx512_bf16") + CPUINFO_FLAGS.format(n=1, extra=""))
+    assert config.cpu_flags(path) == {"fpu", "sse2", "avx2", "avx512f", "avx512_bf16"}
+    assert config.cpu_flags(os.devnull) == set()
+
+
+def test_train_refuses_bfloat16_in_one_line_and_its_help_names_it():
+    result = run_train(["--dtype", "bfloat16", "--device", "gpu"], {})
+    assert_one_line_naming(result, "--dtype=bfloat16: the CPU's low precision; on the GPU use float16")
+    help_text = run_train(["--help"], {}).stdout
+    assert "bfloat16" in help_text and "avx512_bf16" in help_text

@@ -16,6 +16,7 @@ from mxnet.ndarray import register
 from rn50_mx import data, dist, train
 from rn50_mx.config import Settings
 from tests.support import devices
+from tests.support.bfloat16 import needs_bfloat16, to_np
 from tests.support.devices import RUN_CONTEXT
 from tests.support.nets import snapshot, trained_parts
 from tests.support.settings import small_settings
@@ -54,11 +55,13 @@ def test_step_warm_up_and_eval_make_every_array_on_the_run_context(small_rec, st
 
 
 @pytest.mark.slow
-def test_warm_up_leaves_no_trace_on_the_run(small_rec):
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=needs_bfloat16)])
+def test_warm_up_leaves_no_trace_on_the_run(small_rec, dtype):
     """After the warm-up the weights, BatchNorm statistics, update count and optimizer states are as before (the
     old warm-up's training forward moved the running statistics), the states are already allocated, and two
-    real steps then give the same weights as two steps without a warm-up."""
-    s = run_settings(small_rec)
+    real steps then give the same weights as two steps without a warm-up. In bfloat16 the state of a bfloat16 weight
+    is zero momentum and a float32 master equal to the weight."""
+    s = run_settings(small_rec, dtype=dtype)
     ctx = mx.cpu()
     batches = [b for b, _ in zip(data.make_iters(s, 0, 1, 3, ctx)[0], range(2))]
     runs = {}
@@ -72,7 +75,12 @@ def test_warm_up_leaves_no_trace_on_the_run(small_rec):
                 [k for k in before if not np.array_equal(before[k], after[k])]
             assert trainer._optimizer.num_update == 0 and trainer.learning_rate == 0
             states = trainer._updaters[0].states
-            assert len(states) == 161 and all(not st.asnumpy().any() for st in states.values())
+            assert len(states) == 161
+            for index, state in states.items():
+                mom, master = state if isinstance(state, tuple) else (state, None)
+                assert not mom.asnumpy().any()
+                if master is not None:
+                    assert np.array_equal(master.asnumpy(), to_np(trainer._params[index].data()))
         for batch in batches:
             train.train_step(net, loss_fn, trainer, batch)
         assert trainer._optimizer.num_update == 2

@@ -5,6 +5,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
+from tests.support.bfloat16 import needs_bfloat16
 from tests.support.procs import sourced
 from rn50_mx import memory, model, optim
 from rn50_mx.config import Settings
@@ -24,10 +25,11 @@ def held(trainer, net):
     return total
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", pytest.param("bfloat16", marks=needs_bfloat16)])
 def test_weights_are_what_the_trainer_holds_after_a_step(dtype):
-    """Parameters, gradients and LARS's states (float16: float32 momentum and master copy besides the float16
-    weight; BatchNorm's float32 tensors keep float32 momentum) summed from the real arrays after one step."""
+    """Parameters, gradients and LARS's states (float16 and bfloat16: float32 momentum and master copy besides the
+    low-precision weight; BatchNorm's float32 tensors keep float32 momentum) summed from the real arrays after one
+    step."""
     s = dataclasses.replace(Settings(num_classes=10, image_shape="3,32,32", batch_size=2), dtype=dtype)
     net = model.build_model(s, mx.cpu())
     trainer = optim.make_trainer(net, s, steps_per_epoch=1)

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from mxnet import autograd, nd
 
-from rn50_mx import config, model, optim
+from rn50_mx import config, ema, model, optim
 from rn50_mx.config import Settings
+from tests.support.bfloat16 import needs_bfloat16, round_bf16, to_nd, to_np
 
 # Shapes of a conv kernel, a dense weight, a zero conv kernel (trust ratio falls back to lr) and two 1-D tensors.
 SHAPES = [(4, 3, 3, 3), (6, 8), (2, 2, 1, 1), (5,), (6,)]
@@ -27,34 +28,81 @@ def lars_reference(weights, grads, moms, lr):
         w += m
 
 
+def in_dtype(a, dtype):
+    """Float32 `a` as the values an array of `dtype` holds, in float32 (or float16)."""
+    return round_bf16(a) if dtype == "bfloat16" else a.astype(dtype)
+
+
 def random_tensors(rng, dtype):
-    weights = [rng.standard_normal(s).astype(dtype) for s in SHAPES]
+    weights = [in_dtype(rng.standard_normal(s).astype(np.float32), dtype) for s in SHAPES]
     weights[2][...] = 0
     return weights
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", pytest.param("bfloat16", marks=needs_bfloat16)])
 def test_lars_matches_numpy_over_two_steps(dtype):
+    """The low-precision weights' float32 masters follow the float64 transcription as float32 weights do, and each
+    weight is its master rounded."""
     rng = np.random.default_rng(0)
     weights = random_tensors(rng, dtype)
+    mixed = dtype != "float32"
     opt = optim.LARS(momentum=MOM, eta=ETA, eps=EPS, wd=WD, rescale_grad=RESCALE, lr_scheduler=SCHEDULE,
-                     multi_precision=dtype == "float16", correct_momentum=False)
+                     multi_precision=mixed, correct_momentum=False)
     opt.set_wd_mult({i: 0.0 for i, s in enumerate(SHAPES) if len(s) == 1})
     updater = mx.optimizer.get_updater(opt)
-    nd_weights = [nd.array(w, dtype=dtype) for w in weights]
+    nd_weights = [to_nd(w, dtype) for w in weights]
     ref_weights = [w.astype(np.float64) for w in weights]
     ref_moms = [np.zeros(s) for s in SHAPES]
     for step in (1, 2):
-        grads = [(8 * rng.standard_normal(s)).astype(dtype) for s in SHAPES]
-        updater(list(range(len(SHAPES))), [nd.array(g, dtype=dtype) for g in grads], nd_weights)
+        grads = [in_dtype((8 * rng.standard_normal(s)).astype(np.float32), dtype) for s in SHAPES]
+        updater(list(range(len(SHAPES))), [to_nd(g, dtype) for g in grads], nd_weights)
         lars_reference(ref_weights, [g.astype(np.float64) for g in grads], ref_moms, SCHEDULE(step))
     for i, (w, ref_w, ref_m) in enumerate(zip(nd_weights, ref_weights, ref_moms)):
         state = updater.states[i]
-        mom, master = state if dtype == "float16" else (state, w)
+        mom, master = state if mixed else (state, w)
         assert mom.dtype == np.float32 and master.dtype == np.float32
         np.testing.assert_allclose(master.asnumpy(), ref_w, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(mom.asnumpy(), ref_m, rtol=1e-5, atol=1e-6)
-        np.testing.assert_array_equal(w.asnumpy(), master.asnumpy().astype(dtype))
+        np.testing.assert_array_equal(to_np(w), in_dtype(master.asnumpy(), dtype))
+
+
+@needs_bfloat16
+@pytest.mark.parametrize("name", ["sgdwfastlars", "sgd"])
+def test_bfloat16_masters_are_the_float32_run_bit_for_bit(name):
+    """Both optimizers as make_optimizer builds them, on the same bfloat16-exact weights and gradients: the bfloat16
+    weights' float32 masters are the float32 weights of the same steps, bit for bit (the same float32 kernels on the
+    same inputs), the momenta too, and each weight is its master rounded."""
+    rng = np.random.default_rng(2)
+    weights = random_tensors(rng, "bfloat16")
+    grads = [[round_bf16(rng.standard_normal(s).astype(np.float32)) for s in SHAPES] for _ in range(3)]
+    runs = {}
+    for dtype in ("float32", "bfloat16"):
+        s = Settings(optimizer=name, lr=0.5, warmup_epochs=1, num_epochs=3, wd=WD, dtype=dtype)
+        updater = mx.optimizer.get_updater(optim.make_optimizer(s, steps_per_epoch=2))
+        nd_weights = [to_nd(w, dtype) for w in weights]
+        for step in grads:
+            updater(list(range(len(SHAPES))), [to_nd(g, dtype) for g in step], nd_weights)
+        runs[dtype] = nd_weights, updater.states
+    (full, full_states), (low, low_states) = runs["float32"], runs["bfloat16"]
+    for i, (w32, w16) in enumerate(zip(full, low)):
+        mom, master = low_states[i]
+        np.testing.assert_array_equal(master.asnumpy(), w32.asnumpy())
+        np.testing.assert_array_equal(mom.asnumpy(), full_states[i].asnumpy())
+        np.testing.assert_array_equal(to_np(w16), round_bf16(master.asnumpy()))
+
+
+@needs_bfloat16
+def test_zero_sums_clears_bfloat16_gradients():
+    """--batch-schedule's reset after each update, on a bfloat16 network's gradients (reset_arrays takes no
+    bfloat16) and its float32 BatchNorm ones."""
+    s = Settings(num_classes=10, dtype="bfloat16", batch_schedule="0:2")
+    net = model.build_model(s)
+    trainer = optim.make_trainer(net, s, steps_per_epoch=10)
+    params = [p for p in net.collect_params().values() if p.grad_req != "null"]
+    set_grads(params, [np.ones(p.shape, np.float32) for p in params])
+    optim.zero_sums(trainer)
+    assert {np.dtype(p.grad().dtype) for p in params} == {np.dtype(np.float32), model.BFLOAT16}
+    assert all(not to_np(p.grad()).any() for p in params)
 
 
 def test_both_names_create_this_lars():
@@ -154,9 +202,10 @@ def test_trainer_excludes_1d_params_from_weight_decay(form):
 
 
 def set_grads(params, grads):
-    """Gradients as backward would leave them (Gluon's Trainer updates only arrays marked fresh by backward)."""
+    """Gradients as backward would leave them (Gluon's Trainer updates only arrays marked fresh by backward), each
+    in its parameter's dtype."""
     for p, g in zip(params, grads):
-        p.grad()[:] = g
+        p.grad()[:] = to_nd(g) if p.dtype == model.BFLOAT16 else g
         p.data()._fresh_grad = True
 
 
@@ -179,14 +228,17 @@ def submitted_update(weights, grads, moms, names, lr, last_lr, rescale, wd, eta,
         w += m
 
 
-@pytest.mark.parametrize("form", ["submitted", "tf"])
-def test_lars_follows_the_submitted_rule_on_resnet50_shapes(form):
+@pytest.mark.parametrize("form,dtype", [("submitted", "float32"), ("tf", "float32"),
+                                        pytest.param("submitted", "bfloat16", marks=needs_bfloat16)])
+def test_lars_follows_the_submitted_rule_on_resnet50_shapes(form, dtype):
     """All 161 trainable tensors of ResNet-50 (1000 classes), 3 warm-up updates, the poly decay and past its end,
     through make_trainer as training builds it (aggregation 54, so calls mix layer weights and 1-D tensors). The
     submitted form matches the transcription; the TF form differs from it (no momentum scaling, no fc1_bias
-    decay) and matches it with those two turned off."""
+    decay) and matches it with those two turned off. In bfloat16 (its weights and gradients rounded to it, BatchNorm's
+    float32) the float32 masters match the transcription as float32 weights do, and each weight is its master
+    rounded to bfloat16."""
     s = Settings(num_classes=1000, lr=2.0, end_lr=1e-4, warmup_epochs=3, num_epochs=7, wd=1e-2,
-                 optimizer_aggregation_size=54, lars_form=form)
+                 optimizer_aggregation_size=54, lars_form=form, dtype=dtype)
     mx.random.seed(0)
     net = model.build_model(s)
     trainer = optim.make_trainer(net, s, steps_per_epoch=1)
@@ -194,12 +246,13 @@ def test_lars_follows_the_submitted_rule_on_resnet50_shapes(form):
     names = [p.name for p in params]
     assert len(params) == 161
     rng = np.random.default_rng(1)
-    ref = [p.data().asnumpy().astype(np.float64) for p in params]
+    ref = [to_np(p.data()).astype(np.float64) for p in params]
     moms = [np.zeros_like(w) for w in ref]
     schedule = optim.schedule(s, 1)
     last_lr = schedule(1)
     for t in range(1, 10):
         grads = [rng.standard_normal(w.shape).astype(np.float32) * 10 ** rng.uniform(-3, 1) for w in ref]
+        grads = [round_bf16(g) if p.dtype == model.BFLOAT16 else g for p, g in zip(params, grads)]
         set_grads(params, grads)
         trainer.step(8)
         lr = schedule(t)
@@ -208,8 +261,13 @@ def test_lars_follows_the_submitted_rule_on_resnet50_shapes(form):
         else:
             submitted_update(ref, grads, moms, names, lr, lr, 1 / 8, s.wd, s.lars_eta, s.mom, fc_bias_decay=False)
         last_lr = lr
+    masters = ema.masters(trainer) if dtype == "bfloat16" else {}
+    assert len(masters) == (55 if dtype == "bfloat16" else 0)  # 53 conv kernels, fc1 weight and bias; not BatchNorm
     for name, p, w in zip(names, params, ref):
-        np.testing.assert_allclose(p.data().asnumpy(), w, rtol=2e-4, atol=1e-6, err_msg=name)
+        master = masters[name].asnumpy() if name in masters else p.data().asnumpy()
+        np.testing.assert_allclose(master, w, rtol=2e-4, atol=1e-6, err_msg=name)
+        if name in masters:
+            np.testing.assert_array_equal(to_np(p.data()), round_bf16(master), err_msg=name)
 
 
 def test_lars_makes_no_host_to_device_copy_after_its_first_step(monkeypatch):

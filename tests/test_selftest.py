@@ -10,6 +10,7 @@ import mxnet as mx
 import psutil
 import pytest
 
+from tests.support.bfloat16 import needs_bfloat16
 from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, sourced
 from rn50_mx import prep_rec
 
@@ -227,3 +228,17 @@ def test_the_pipelines_and_train_steps_rows_pass_with_the_open_levers(three_clas
     assert [row.status for row in rows] == [True, True], rows
     assert rows[0].detail.startswith(f"{shapes} float32 NCHW on cpu(0), train 24 and val 12 images"), rows[0]
     assert ("real/synthetic" in rows[1].detail) and (note in rows[1].detail), rows[1]
+
+
+@needs_bfloat16
+def test_the_layout_precision_check_judges_bfloat16(fashion):
+    """DTYPE=bfloat16 at the demo's batch (128 images of 32x32) against NCHW float32 on one real batch: within its
+    tolerance (the old check had none for bfloat16: KeyError)."""
+    from rn50_mx import config, data
+    from rn50_mx.selftest import checks
+
+    s = config.load([*fashion.split(), "--num-classes", "10", "--image-shape", "3,32,32", "--batch-size", "128",
+                     "--dali-threads", "1", "--seed", "1", "--dtype", "bfloat16"], {})
+    train_it, _ = data.make_iters(s, 0, 1, 1, mx.cpu())
+    detail = checks.layout_precision(s, mx.cpu(), checks.configured_network(s, mx.cpu()), next(iter(train_it)))
+    assert "(NCHW bfloat16) vs" in detail, detail

@@ -42,10 +42,12 @@ def save_model(net, path, s):
     evaluate compares with its own), each written under a temporary name first. A
     network run with NormConv exports NVIDIA's fused operators (NormConvolution, BNStatsFinalize,
     ScaleBiasAddRelu, with the training batch in elem_count): only NVIDIA's MXNet loads that symbol; the
-    parameters, the same as the plain network's, load anywhere (evaluate --checkpoint-dir)."""
+    parameters, the same as the plain network's, load anywhere (evaluate --checkpoint-dir). A bfloat16 network keeps
+    its first operator, the cast of the float32 images, which Gluon's export drops unless told (MXNet 1.9.1
+    gluon/block.py:1416, remove_amp_cast=True)."""
     tmp = files.temp_name(path)
     try:
-        net.export(tmp)
+        net.export(tmp, remove_amp_cast=False)
         with open(tmp + "-settings.json", "w") as f:
             json.dump({name: getattr(s, name) for name in MODEL_FIELDS}, f)
         for suffix in MODEL_FILES:

@@ -21,9 +21,9 @@ RING = 2  # MXNet buffers per iterator on the GPU (Handover): a batch is written
 def input_memory(s, val=True):
     """Device bytes the input holds at most per process: per iterator (train, and val unless val=False), DALI's
     prefetch queue of batches plus the RING MXNet buffers the GPU hand-over copies into (the val ones stay
-    between evals). Images at s.dtype; labels are 4 bytes a sample."""
+    between evals). Images at s.input_dtype; labels are 4 bytes a sample."""
     def batch(chw):
-        return s.batch_size * (int(np.prod(chw)) * np.dtype(s.dtype).itemsize + 4)
+        return s.batch_size * (int(np.prod(chw)) * np.dtype(s.input_dtype).itemsize + 4)
 
     rings = sum(batch(s.image_chw[:1] + hw) for hw in s.train_sizes)  # a ring per training size
     return s.dali_prefetch_queue * batch(s.image_chw) + RING * rings + (
@@ -65,7 +65,7 @@ class Handover:
     def __init__(self, s, ctx, copy, train=True):
         self.ctx, self.copy, self.wait_seconds, self.engine_seconds = ctx, copy, 0.0, 0.0
         shapes = [batch_shape(s, train, hw) for hw in (s.train_sizes if train else [None])]
-        self.rings = {shape: [[mx.nd.zeros(shape, ctx=ctx, dtype=s.dtype), mx.nd.zeros((s.batch_size,), ctx=ctx)]
+        self.rings = {shape: [[mx.nd.zeros(shape, ctx=ctx, dtype=s.input_dtype), mx.nd.zeros((s.batch_size,), ctx=ctx)]
                               for _ in range(RING)] for shape in (shapes if copy else [])}
         self.count, self.checked = 0, set()
 
@@ -131,7 +131,7 @@ class BatchIter(mx.io.DataIter):
     def __init__(self, s, pads, num_samples, ctx, train=True):
         super().__init__(s.batch_size)
         self.pads, self.num_samples, self.context = pads, num_samples, ctx
-        self.provide_data = [mx.io.DataDesc("data", batch_shape(s, train), np.dtype(s.dtype), s.input_layout)]
+        self.provide_data = [mx.io.DataDesc("data", batch_shape(s, train), np.dtype(s.input_dtype), s.input_layout)]
         self.provide_label = [mx.io.DataDesc("softmax_label", (s.batch_size,), np.float32, "N")]
         self.position, self.wait_seconds = 0, 0.0
 
@@ -298,10 +298,10 @@ class SyntheticIter(BatchIter):
     def __init__(self, s, steps, num_samples, ctx, seed):
         super().__init__(s, [0] * steps, num_samples, ctx)
         rng = np.random.RandomState(seed)
-        images = rng.standard_normal(batch_shape(s)).astype(s.dtype)
+        images = rng.standard_normal(batch_shape(s)).astype(s.input_dtype)
         if s.image_chw[0] == 4:  # the padded channel is zero, as DALI's pad_output makes it
             images[(slice(None), 3) if s.input_layout == "NCHW" else (Ellipsis, 3)] = 0
-        self.data = mx.nd.array(images, ctx=ctx, dtype=s.dtype)
+        self.data = mx.nd.array(images, ctx=ctx, dtype=s.input_dtype)
         self.label = mx.nd.array(rng.randint(0, s.num_classes, s.batch_size), ctx=ctx, dtype=np.float32)
 
     def produce(self):

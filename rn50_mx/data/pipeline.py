@@ -80,7 +80,7 @@ def graph(s, rec, idx, train, shard, world, gpu, sizes=None):
     mirror = fn.random.coin_flip(probability=0.5) if train else False
     images = fn.crop_mirror_normalize(
         images, mirror=mirror, crop=size, mean=list(MEAN), std=list(STD), pad_output=c == 4,
-        dtype=DALI_DTYPES[s.dtype], output_layout="CHW" if s.input_layout == "NCHW" else "HWC",
+        dtype=DALI_DTYPES[s.input_dtype], output_layout="CHW" if s.input_layout == "NCHW" else "HWC",
         bytes_per_sample_hint=s.dali_normalize_buffer_hint)
     return images, labels.gpu() if gpu else labels, labels, fn.get_property(jpegs, key="source_info")
 

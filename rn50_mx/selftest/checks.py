@@ -10,8 +10,9 @@ from ..errors import InputError
 from .report import CheckFailed, Skipped
 
 # Loss of the configured model against NCHW float32 on the same weights and batch: float32 differs only in the
-# order of sums; float16 in its 11-bit mantissa through 50 layers.
-LOSS_RTOL = {"float32": 1e-4, "float16": 2e-2}
+# order of sums; float16 in its 11-bit mantissa through 50 layers; bfloat16 in its 8-bit one (measured at the
+# demo's batch of 128 32x32 images, 5 seeds: 0.05-0.79 % apart).
+LOSS_RTOL = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 3e-2}
 STEP_RTOL = 1e-4  # one LARS step's master weights against float32: the same arithmetic, summed in another order
 
 
@@ -27,8 +28,9 @@ def pipelines(s, ctx):
     for name, it, count, shape in (("train", train_it, 2, shapes[0]), ("val", val_it, 1, shapes[1])):
         for batch, _ in zip(it, range(count)):
             x, y = batch.data[0], batch.label[0].asnumpy()
-            if x.shape != shape or np.dtype(x.dtype) != np.dtype(s.dtype) or x.context != ctx:
-                raise CheckFailed(f"{name} batch is {x.shape} {x.dtype} on {x.context}, not {shape} {s.dtype} on {ctx}")
+            if x.shape != shape or np.dtype(x.dtype) != np.dtype(s.input_dtype) or x.context != ctx:
+                raise CheckFailed(f"{name} batch is {x.shape} {x.dtype} on {x.context}, not {shape} {s.input_dtype} "
+                                  f"on {ctx}")
             if not (x.asnumpy().astype("float32") ** 2).sum() < float("inf"):
                 raise CheckFailed(f"{name} batch has non-finite values")
             if y.min() < 0 or y.max() >= s.num_classes:

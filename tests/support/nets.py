@@ -2,6 +2,7 @@
 import mxnet as mx
 
 from rn50_mx import data, dist, train
+from tests.support.bfloat16 import to_np
 
 
 def trained_parts(s, ctx):
@@ -11,5 +12,5 @@ def trained_parts(s, ctx):
 
 
 def snapshot(net):
-    """{name: NumPy copy} of every parameter, BatchNorm statistics included."""
-    return {name: p.data().asnumpy() for name, p in net.collect_params().items()}
+    """{name: NumPy copy} of every parameter, BatchNorm statistics included (bfloat16 ones in float32)."""
+    return {name: to_np(p.data()) for name, p in net.collect_params().items()}
