@@ -1,7 +1,8 @@
 """`python -m rn50_mx.rehearse`: a GPU config's whole code path on this CPU, before you queue on a cluster.
 
     source config/<SYSTEM>.sh
-    python -m rn50_mx.rehearse [--ranks N] [--work DIR] [--data-train T.rec --data-val V.rec] [rn50_mx.train flags]
+    python -m rn50_mx.rehearse [--ranks N] [--quick] [--work DIR] [--data-train T.rec --data-val V.rec]
+                               [rn50_mx.train flags]
 
 The config's own settings, shrunk to seconds (plan.py: small images, batches, epochs and ranks; every switch kept),
 run through the package's own commands on the stand-in GPU build (rn50_mx/standin): DGXNGPU ranks become --ranks
@@ -35,8 +36,8 @@ GPU_ONLY = ("kernel speed (images/s): the stand-in's figures are a CPU's",
 def parse_args(argv):
     parser = config.tool_parser("python -m rn50_mx.rehearse", __doc__)
     parser.add_argument("--ranks", type=int, default=2, help="processes standing in for the config's GPUs (default 2)")
-    parser.add_argument("--quick", action="store_true", help="the whole run only: no stop and resume, evaluate or "
-                        "self-test (CI rehearses every config's code path so)")
+    parser.add_argument("--quick", action="store_true", help="the whole run only: no stop and resume, evaluate, "
+                        "self-test or tuner (CI rehearses every config's code path so)")
     parser.add_argument("--work", default="", help="folder of the rehearsal's data, logs and models (default: a "
                         "temporary folder, removed at the end)")
     args, flags = parser.parse_known_args(argv)
@@ -46,19 +47,26 @@ def parse_args(argv):
     return args, flags
 
 
+def own_data(flags):
+    """Whether --data-train and --data-val were given on the command line (the records to rehearse on: a few hundred
+    images of yours); DATADIR alone is not taken."""
+    given = {flag.split("=")[0] for flag in flags}
+    return {"--data-train", "--data-val"} <= given
+
+
 def empty_folder(path):
     return os.path.isdir(path) and not os.listdir(path)
 
 
-def rehearse(s, ranks, work, quick=False):
-    """[Row] of every stage, in order (with `quick`, the run alone); a stage whose input an earlier one failed to
-    make is not run."""
+def rehearse(s, ranks, work, quick=False, own_data=False):
+    """[Row] of every stage, in order (with `quick`, the run alone), on generated records or, with `own_data`, on
+    the settings' data files; a stage whose input an earlier one failed to make is not run."""
     rows = [Row("config", True, f"{s.dgxsystem or 'sourced'}: {s.device} {s.input_layout} {s.dtype}, "
                 f"{s.optimizer}, batch {s.batch_size} x {s.world_size}")]
     if s.device != "gpu":
         raise InputError(f"DEVICE={s.device}: not a GPU config; a CPU config's path is what make test runs")
-    data = {"train": s.data_train, "val": s.data_val} if s.data_train and s.data_val else None
-    if data is None:
+    data = {"train": s.data_train, "val": s.data_val} if own_data else None
+    if data is None:  # DATADIR's ImageNet is not read: each shrunk eval would read its whole val split
         data = planning.generated_records(os.path.join(work, "data"))
     plan = planning.shrink(s, ranks, data)
     rows += [Row("shrunk", None, line) for line in plan.shrunk]
@@ -98,10 +106,10 @@ def main():
         except OSError as err:
             raise InputError(f"--work {args.work}: cannot write there ({err.strerror})") from None
         probe.close()
-        rows = rehearse(s, args.ranks, args.work, args.quick)
+        rows = rehearse(s, args.ranks, args.work, args.quick, own_data(flags))
     else:
         with tempfile.TemporaryDirectory(prefix="rn50-rehearse-") as work:
-            rows = rehearse(s, args.ranks, work, args.quick)
+            rows = rehearse(s, args.ranks, work, args.quick, own_data(flags))
     print(table(rows))
     failed = [r.name for r in rows if r.status is False]
     verdict = f"FAILED: {', '.join(failed)}" if failed else "every stage ran"
