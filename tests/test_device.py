@@ -7,6 +7,7 @@ makes this MXNet refuse a mix of cpu(0) and cpu(1) the same way, and the step, t
 on cpu(1): any array they make on the default context meets the others in some operator and fails there.
 """
 import os
+import re
 
 import mxnet as mx
 import numpy as np
@@ -33,6 +34,27 @@ def test_strict_contexts_refuse_a_mix(strict_contexts):
     with pytest.raises(mx.MXNetError, match="same context"):
         mx.nd.concat(mx.nd.ones(1, ctx=RUN_CONTEXT), mx.nd.ones(1), dim=0)
     mx.nd.concat(mx.nd.ones(1, ctx=RUN_CONTEXT), mx.nd.ones(1, ctx=RUN_CONTEXT), dim=0).wait_to_read()
+
+
+def test_the_stand_in_refuses_to_save_a_device_s_arrays(tmp_path, monkeypatch):
+    """GPU review 3, F2: a GPU build's mx.nd.load puts an array back on the device it was saved from, in every rank
+    that loads it; this CPU build loads a cpu(1) array onto cpu(0), so only the save can show it: the stand-in
+    (devices.install, as every --standin process runs) refuses it, naming the device, and saves a host copy."""
+    path = str(tmp_path / "arrays")
+    mx.nd.save(path, {"w": mx.nd.ones(2, ctx=RUN_CONTEXT)})
+    assert mx.nd.load(path)["w"].context == mx.cpu(0)  # the device id is lost on the CPU
+    monkeypatch.setattr(mx.nd, "save", mx.nd.save)
+    monkeypatch.setattr(register, "_verify_all_legacy_ndarrays", register._verify_all_legacy_ndarrays)
+    devices.install()
+    wrapped = mx.nd.save
+    devices.install()
+    assert mx.nd.save is wrapped  # once
+    for arrays in ({"w": mx.nd.ones(2, ctx=RUN_CONTEXT)}, [mx.nd.ones(2), mx.nd.ones(2, ctx=RUN_CONTEXT)],
+                   mx.nd.ones(2, ctx=RUN_CONTEXT)):
+        with pytest.raises(mx.MXNetError, match=re.escape(f"{path}: arrays saved from the stand-in device cpu(1)")):
+            mx.nd.save(path, arrays)
+    mx.nd.save(path, {"w": mx.nd.ones(2, ctx=RUN_CONTEXT).as_in_context(dist.HOST)})
+    assert mx.nd.load(path)["w"].asnumpy().tolist() == [1, 1]
 
 
 def run_settings(rec_prefix, **changes):

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from rn50_mx import config
-from rn50_mx.rehearse import plan
+from rn50_mx.rehearse import plan, stages
 from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming
 
 GPU_ONLY_WORDS = "this says nothing of whether the GPU run will work"
@@ -154,3 +154,64 @@ def test_sigterm_midway_leaves_no_process(tmp_path):
     time.sleep(2)
     assert proc.returncode != 0
     assert not [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+# horovodrun's output of failed stages, shortened from real rehearsals of mutations (issue 32): the ranks' lines
+# prefixed and interleaved, the first failure's consequences on its peer after it, horovodrun's own traceback last.
+HOROVODRUN_TAIL = """Process 0 exit with status code 1.
+Terminating remaining workers after failure of Process 0.
+Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/horovod/runner/gloo_run.py", line 284, in launch_gloo
+    raise RuntimeError('Horovod detected that one or more processes exited with non-zero '
+RuntimeError: Horovod detected that one or more processes exited with non-zero status, thus causing the job to be \
+terminated. The first process to do so was:
+Process name: 0
+Exit code: 1
+"""
+SHUTDOWN = "MXNetError: Horovod has been shut down. This was caused by an exception on one of the ranks"
+MIXED = ("mxnet.base.MXNetError: Operator preloaded_multi_sgd_mom_update require all inputs live on the same "
+         "context: {cpu(1), cpu(2)}")
+REFUSAL = "rn50_mx.standin.ngc.Refusal: Fused ReLU activation is only supported with float16 NHWC Batchnorm on Volta."
+FAILED_STAGES = [
+    (f"""[0]<stdout>:epoch 3: 3.9 img/s
+[1]<stderr>:Traceback (most recent call last):
+[1]<stderr>:  File "/repo/rn50_mx/train.py", line 269, in run
+[0]<stderr>:Traceback (most recent call last):
+[1]<stderr>:    return train_on(s, d, ctx, base_seed, seed, saver)
+[0]<stderr>:  File "/repo/rn50_mx/checkpoint/folder.py", line 140, in attempt
+[1]<stderr>:           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+[1]<stderr>:    raise mx.MXNetError(f"Operator {{op_name}} require all inputs live on the same context: {{contexts}}")
+[1]<stderr>:{MIXED}
+[0]<stderr>:    raise get_last_ffi_error()
+[0]<stderr>:mxnet.base.MXNetError: {SHUTDOWN}
+{HOROVODRUN_TAIL}""", MIXED),
+    (f"""[1]<stdout>:Error in CustomOp.forward: Traceback (most recent call last):
+[1]<stdout>:  File "/repo/rn50_mx/standin/ngc.py", line 79, in refuse
+[1]<stdout>:    raise Refusal(message)
+[1]<stdout>:{REFUSAL}
+[1]<stdout>:
+[1]<stderr>:Traceback (most recent call last):
+[1]<stderr>:  File "/venv/lib/python3.11/site-packages/mxnet/base.py", line 246, in check_call
+[1]<stderr>:    raise get_last_ffi_error()
+[1]<stderr>:mxnet.base.MXNetError: Fused ReLU activation is only supported with float16 NHWC Batchnorm on Volta.
+{HOROVODRUN_TAIL}""", REFUSAL),
+    (f"""[1]<stderr>:mxnet.base.MXNetError: Traceback (most recent call last):
+[1]<stderr>:  File "../src/operator/custom/custom.cc", line 345
+[1]<stderr>:MXNetError: Check failed: reinterpret_cast<CustomOpFBFunc>(...)
+{HOROVODRUN_TAIL}""", "MXNetError: Check failed: reinterpret_cast<CustomOpFBFunc>(...)"),
+    (f"""[0]<stderr>:rn50_mx.train: error: --save-model /w/resumed: cannot write (Horovod has been shut down.)
+[1]<stderr>:Exception ignored in atexit callback: <function _notify_shutdown at 0x7fe74b742b60>
+[1]<stderr>:Traceback (most recent call last):
+[1]<stderr>:mxnet.base.MXNetError: {SHUTDOWN}
+{HOROVODRUN_TAIL}""", "rn50_mx.train: error: --save-model /w/resumed: cannot write (Horovod has been shut down.)"),
+    (HOROVODRUN_TAIL, "RuntimeError: Horovod detected that one or more processes exited with non-zero status, thus "
+                      "causing the job to be terminated. The first process to do so was:"),
+]
+
+
+@pytest.mark.parametrize("output, line", FAILED_STAGES)
+def test_a_failed_stage_names_the_first_failure_a_rank_printed(output, line):
+    """A stage's FAIL line is the exception that ended the first rank's traceback, or its one-line error, not what
+    followed from it: its peer's Horovod shutdown or horovodrun's last words (which the rows printed for review 3's
+    F1 and review 4's F1 and F3 before: 'RuntimeError: Horovod detected that one or more processes exited ...')."""
+    assert stages.cause(output) == line

@@ -1,5 +1,6 @@
 """The rehearsal's stages: each runs the package's own command, as a GPU run would, on the stand-in build, and
 judges what it printed and wrote. A stage's verdict is one line: its figures, or the failure's own last words."""
+import itertools
 import json
 import os
 import re
@@ -16,6 +17,8 @@ from ..errors import InputError
 CHILD_TIMEOUT = 600
 GRACE = 20
 ERROR = re.compile(r"(?:Error|error|rn50_mx[.\w]*:|Fused|refuse|not supported|Check failed)")
+TRACEBACK = "Traceback (most recent call last):"
+FAILURE = re.compile(r"^(\[\d+\]<std(?:out|err)>:)(?:.*(" + re.escape(TRACEBACK) + ")|rn50_mx[.\w]*: error: )")
 
 
 class StageFailed(Exception):
@@ -35,10 +38,29 @@ def command(plan, module, *extra, **changes):
 
 
 def cause(text):
-    """The line of a failed child's output that names its cause: the last that looks like an error, else the last."""
-    lines = [re.sub(r"^\[\d+\]<std(?:out|err)>:", "", line).strip() for line in text.splitlines() if line.strip()]
+    """The line of a failed child's output that names its cause: the first failure a rank printed, its one-line error
+    or the exception that ended its traceback (its peers' errors, Horovod's shutdown and horovodrun's own traceback,
+    printed after it, are consequences); else the last line that looks like an error, else the last."""
+    lines = text.splitlines()
+    first = next((found for found in (failure(lines, i) for i in range(len(lines))) if found), None)
+    if first:
+        return first[:300]
+    lines = [re.sub(r"^\[\d+\]<std(?:out|err)>:", "", line).strip() for line in lines if line.strip()]
     named = [line for line in lines if ERROR.search(line) and not line.startswith(("File ", "Traceback"))]
     return ((named or lines or ["no output"])[-1])[:300]
+
+
+def failure(lines, i):
+    """The failure a rank's line `lines[i]` begins: a one-line error (errors.run_cli), or a traceback's exception, the
+    first unindented line after it of the same rank and stream that starts no traceback of its own (MXNet's error
+    begins one of its C++ frames); None for any other line."""
+    start = FAILURE.match(lines[i])
+    if not start or not start.group(2):
+        return start and lines[i][len(start.group(1)):].strip()
+    own = (later[len(start.group(1)):] for later in itertools.islice(lines, i + 1, None)
+           if later.startswith(start.group(1)))
+    return next((later.strip() for later in own if later.strip() and not later[0].isspace()
+                 and TRACEBACK not in later), None)
 
 
 def run(cmd, out, code=0):
@@ -61,7 +83,7 @@ def wait(proc, out, until=None):
         text = open(out).read()
         if until and re.search(until, text):
             return
-        failed_at = failed_at or (time.time() if "Traceback (most recent call last)" in text else None)
+        failed_at = failed_at or (time.time() if TRACEBACK in text else None)
         if time.time() > deadline or (failed_at and time.time() > failed_at + GRACE):
             children.stop(proc)
             raise StageFailed(f"ended after a rank failed: {cause(text)}" if failed_at else
