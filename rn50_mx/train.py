@@ -323,6 +323,7 @@ def train_on(s, d, ctx, base_seed, seed, saver):
         with average.swapped_in():  # the weights the evals judged
             if not (eval_epochs(s) and val_it is not None) or average.state() is not None:
                 one_model(net, d)  # otherwise the last eval made it one model already (the EMA's is swapped back)
+                mx.nd.waitall()  # every rank's share of that allreduce done: Horovod shuts down as a rank exits
             if d.rank == 0:
                 say(d, "model: " + ", ".join(checkpoint.save_model(net, s.save_model, s)))
     return status

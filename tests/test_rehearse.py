@@ -35,7 +35,7 @@ def rows(text):
     """{stage: (status, detail)} of the rehearsal's table (the last row of a name)."""
     found = {}
     for line in text.splitlines():
-        for name in ("config", "train", "stop and resume", "evaluate", "self-test"):
+        for name in ("config", "train", "stop and resume", "evaluate", "self-test", "tune"):
             if line.startswith(name + "  "):
                 status, _, detail = line[len(name):].strip().partition("  ")
                 found[name] = (status, detail.strip())
@@ -47,7 +47,7 @@ def test_the_shipped_config_rehearses_end_to_end(tmp_path):
     result = rehearse("NF5688M6", "--work", str(tmp_path / "work"))
     table = rows(result.stdout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    for stage in ("train", "stop and resume", "evaluate", "self-test"):
+    for stage in ("train", "stop and resume", "evaluate", "self-test", "tune"):
         assert table[stage][0] == "ok", (stage, table)
     assert "bit-identical" in table["stop and resume"][1] and "the run's last eval" in table["evaluate"][1]
     assert GPU_ONLY_WORDS in result.stdout and "GPU only" in result.stdout
@@ -90,14 +90,18 @@ def code_paths(folder):
 
 @pytest.mark.slow
 def test_every_gpu_config_s_code_path_rehearses(configs, tmp_path):
-    """12 recipe configs and the 4 shipped ones; the path of NF5688M6 is the end-to-end test's."""
+    """12 recipe configs and the 4 shipped ones; the path of NF5688M6 is the end-to-end test's, the open levers' runs
+    in full too, the others --quick."""
     paths = code_paths(configs)
     assert sum(map(len, paths.values())) == 16 and len(paths) >= 4, paths
     failed = []
     for names in paths.values():
         if "NF5688M6" in names:
             continue
-        result = rehearse(names[0], "--quick", "--work", str(tmp_path / names[0]), config_dir=str(configs))
+        # the open levers' path in full: the weight EMA's --save-model under 2 ranks failed there ("Horovod has been
+        # shut down": a rank exited with the BatchNorm statistics' allreduce still queued)
+        quick = [] if any(name.endswith("_open") for name in names) else ["--quick"]
+        result = rehearse(names[0], *quick, "--work", str(tmp_path / names[0]), config_dir=str(configs))
         train = rows(result.stdout).get("train")
         if result.returncode != 0 or not train or train[0] != "ok":
             failed.append((names, train or result.stdout[-1500:] + result.stderr[-1000:]))

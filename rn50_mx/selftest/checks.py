@@ -1,6 +1,7 @@
 """The checks on the configured device. Each returns its detail line, or (detail, value) to hand `value` to a
 later check; it raises CheckFailed with a one-line verdict, or Skipped when it does not apply here."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -133,7 +134,8 @@ def allreduce(s, ranks, flags):
     command = [horovodrun, "-np", str(ranks), "-H", f"localhost:{ranks}", sys.executable, "-m",
                "rn50_mx.selftest", "--allreduce-worker", *flags, *world]
     result = children.run(command, timeout=300)  # ended with the self-test when it is stopped
-    ok = [line for line in result.stdout.splitlines() if "ALLREDUCE OK" in line]
+    # by rank, not by line: under horovodrun's tagged output one rank's line can land inside another's
+    ok = set(re.findall(r"ALLREDUCE OK rank (\d+)", result.stdout))
     if result.returncode != 0 or len(ok) != ranks:
         tail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:] or ["no output"]
         raise CheckFailed(f"horovodrun -np {ranks} exited {result.returncode}: {tail[0][:200]}")
