@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -20,6 +21,7 @@ from .errors import InputError
 # 2048 pixels (84 times the reference's 224x224 in every activation) is a typo, not a recipe.
 MAX_BATCH = 16384
 MAX_IMAGE_SIDE = 2048
+SYSTEM_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"  # a DGXSYSTEM: it names config/<SYSTEM>.sh and the fragments beside it
 MIN_PROG_SIDE = 16  # a progressive-resizing start side: each stride-2 layer rounds up, so 16 px leave 1x1 at stage 4
 
 
@@ -476,6 +478,9 @@ def validate(s, origins=None):
     if origins.get("omp_num_threads") == "flag":
         raise SettingsError("--omp-num-threads: MXNet reads OMP_NUM_THREADS when it loads, before any flag is "
                             "parsed: set the variable instead")
+    if not re.fullmatch(SYSTEM_NAME, s.dgxsystem):
+        raise SettingsError(f"{src('dgxsystem')}={s.dgxsystem!r}: a system name is letters, digits, '.', '_' and '-' "
+                            "(it names config/<SYSTEM>.sh and the fragments the tools write beside it)")
     if s.checkpoint_every and not s.checkpoint_dir:
         raise SettingsError(f"{src('checkpoint_every')}={s.checkpoint_every}: needs {src('checkpoint_dir')}")
     if s.world_size > 1 and s.kv_store != "horovod":

@@ -119,3 +119,14 @@ def test_check_refuses_a_resume_it_cannot_judge(argv, says):
     line, before any checkpoint is looked at."""
     result = run([sys.executable, "-m", "rn50_mx.check", *argv], clean_environ())
     assert_one_line_naming(result, says)
+
+
+@pytest.mark.parametrize("name", ["../x", "CPU\ntouch x", "a b"])
+def test_a_system_name_is_a_file_name(name):
+    """DGXSYSTEM names config/<SYSTEM>.sh and the fragments the tuner and the search write beside it: the recipe's
+    rule for a config name holds for every tool (a newline became a shell line in the search's fragment)."""
+    from rn50_mx import config
+    from rn50_mx.config import SettingsError
+
+    with pytest.raises(SettingsError, match=r"^DGXSYSTEM=.*: a system name is letters, digits"):
+        config.load([], {"DGXSYSTEM": name})

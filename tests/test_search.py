@@ -218,6 +218,8 @@ def test_a_second_driver_on_the_study_is_refused_in_one_line(tiny_data, tmp_path
     (["--launcher", "ssh"], {}, "argument --launcher: invalid choice: 'ssh'"),
     (["--study", "../x"], {}, "--study '../x': letters, digits, '.', '_' and '-' only"),
     (["--out", "/proc/x"], {}, "/proc/x: cannot create"),
+    (["--study", "s", "--dry-run"], {"DGXSYSTEM": "../x"}, "DGXSYSTEM='../x': a system name is letters, digits"),
+    (["--study", "s", "--dry-run"], {"DGXSYSTEM": "CPU\ntouch x #"}, "DGXSYSTEM='CPU\\ntouch x #': a system name"),
     (["--launcher", "docker", "--data-val", "/x/v.rec"], {},
      "--launcher docker: the launchers read DATADIR/train.rec and DATADIR/val.rec, not "),
 ])
@@ -225,6 +227,15 @@ def test_bad_input_is_one_line(tiny_data, tmp_path, flags, env, says):
     result = search(tmp_path, environ(tiny_data, **env), *flags)
     assert_one_line_naming(result, says)
     assert leftovers(tmp_path) == []
+
+
+def test_the_fragment_path_is_checked_before_any_trial(tiny_data, tmp_path):
+    """A folder where the fragment goes is one line before the first trial, not after the finals (the fragment is
+    also checked and written at one path: its absolute one)."""
+    os.makedirs(tmp_path / "cfg" / "CPU_hparams.sh")
+    result = search(tmp_path, environ(tiny_data), "--trials", "1", "--final-seeds", "1")
+    assert_one_line_naming(result, f"{tmp_path / 'cfg' / 'CPU_hparams.sh'}: exists and is not a regular file")
+    assert result.stdout == "" and not (tmp_path / "res" / "trials").exists()
 
 
 @pytest.mark.slow

@@ -68,7 +68,7 @@ def parse_args(argv=None):
         raise InputError(f"--gpu-memory={args.gpu_memory}: must be a number of GiB > 0")
     if args.img_per_sec_per_gpu is not None and args.img_per_sec_per_gpu <= 0:
         raise InputError(f"--img-per-sec-per-gpu={args.img_per_sec_per_gpu}: must be > 0")
-    if args.system is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", args.system):
+    if args.system is not None and not re.fullmatch(config.SYSTEM_NAME, args.system):
         raise InputError(f"--system {args.system!r}: a config name is letters, digits, '.', '_' and '-' (it names "
                          "config/<NAME>.sh and the launchers' DGXSYSTEM)")
     if not os.path.isfile(os.path.join(args.config_dir, "gpu_common.sh")):

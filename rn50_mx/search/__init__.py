@@ -70,7 +70,7 @@ def prepare(argv):
     knobs = [space.parse_knob(k, args.mode) for k in args.knob] or space.default_knobs(s, args.mode)
     space.check_start(space.start(s, knobs), knobs, args.mode)
     args.study = args.study or s.dgxsystem
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args.study):
+    if not re.fullmatch(config.SYSTEM_NAME, args.study):
         raise InputError(f"--study {args.study!r}: letters, digits, '.', '_' and '-' only (it names the study's files)")
     args.results = os.path.abspath(args.results or os.path.join("results", "search", args.study))
     args.storage = args.storage or f"sqlite:///{os.path.join(args.results, args.study + '.db')}"
@@ -132,9 +132,10 @@ def search(s, args, knobs):
         raise InputError("--data-train and --data-val (or DATADIR): every trial trains and evaluates on real data")
     launchers.check(args.launcher, s)
     data.check_files(s)
-    fragment = os.path.join(args.out, f"{s.dgxsystem}_hparams.sh")
+    fragment = os.path.abspath(os.path.join(args.out, f"{s.dgxsystem}_hparams.sh"))  # checked where it is written
     lock = hold_lock(args)
     with files.owned_in_folder(fragment):  # the tuner's rules: folder made, one writer, checked before work
+        files.refuse_special(fragment, "fragment")
         study = open_study(args, knobs)
         loop = driver.Driver(s, args, knobs, study, args.results)
         try:
