@@ -97,8 +97,8 @@ def test_a_tiny_search_finds_the_better_set_and_writes_a_fragment_the_check_acce
     assert table["trial 1"].split()[2:6] == ["1.00", "1", "1", "2/2"]
     # the official checker ran on each finalist log: the tiny set's top-1 is far below the target it checks
     assert result.stdout.count("compliance checker: 0/2 SUCCESS (Failed checks for eval_accuracy") == 2
-    seeds = {name for name in os.listdir(tmp_path / "res" / "finals" / "trial-1")} | {
-        name for name in os.listdir(tmp_path / "res" / "finals" / "sourced")}
+    seeds = {name for name in os.listdir(tmp_path / "res" / "CPU.finals" / "1" / "trial-1")} | {
+        name for name in os.listdir(tmp_path / "res" / "CPU.finals" / "1" / "sourced")}
     assert {s for s in seeds if s.endswith(".log")} == {f"seed{k}.log" for k in final_seeds("CPU", 2)}
     fragment = tmp_path / "cfg" / "CPU_hparams.sh"
     assert fragment.read_text().splitlines()[-1] == "export EVAL_OFFSET=0"
@@ -139,7 +139,7 @@ def test_a_diverging_trial_is_stopped_at_once_and_leaves_no_process(tiny_data, t
     assert result.stdout.splitlines()[0].endswith("-> PRUNED (diverged)")
     [trial] = study_trials(tmp_path)
     assert trial.state.name == "PRUNED" and trial.user_attrs["why"] == "diverged"
-    assert "epoch 3:" not in (tmp_path / "res" / "trials" / "0000" / "seed100000.out").read_text()
+    assert "epoch 3:" not in (tmp_path / "res" / "CPU.trials" / "0000" / "seed100000.out").read_text()
     assert leftovers(tmp_path) == []
 
 
@@ -155,7 +155,7 @@ def test_a_killed_driver_resumes_its_study_without_losing_or_repeating_a_trial(t
                                                  "--finalists", "0"), env=env, cwd=ROOT, stdout=f,
                                   stderr=subprocess.STDOUT, start_new_session=True)
     wait_for(driver, out, "trial   0 ")
-    wait_for(driver, tmp_path / "res" / "trials" / "0001" / "seed100016.out", "epoch 1:")
+    wait_for(driver, tmp_path / "res" / "CPU.trials" / "0001" / "seed100016.out", "epoch 1:")
     driver.send_signal(signal.SIGKILL)
     driver.wait()
     orphans = leftovers(tmp_path)
@@ -179,7 +179,7 @@ def test_sigterm_to_the_driver_ends_its_trials_and_says_how_to_continue(tiny_dat
         driver = subprocess.Popen(search_command(tmp_path, "--knob", "EVAL_OFFSET=0:1", "--trials", "2"),
                                   env=environ(tiny_data), cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
                                   start_new_session=True)
-    wait_for(driver, tmp_path / "res" / "trials" / "0000" / "seed100000.out", "epoch 1:")
+    wait_for(driver, tmp_path / "res" / "CPU.trials" / "0000" / "seed100000.out", "epoch 1:")
     driver.send_signal(signal.SIGTERM)
     assert driver.wait(timeout=60) == 143
     assert out.read_text().strip().splitlines()[-1] == ("search: stopped; every trial's processes ended; the same "
@@ -235,7 +235,7 @@ def test_the_fragment_path_is_checked_before_any_trial(tiny_data, tmp_path):
     os.makedirs(tmp_path / "cfg" / "CPU_hparams.sh")
     result = search(tmp_path, environ(tiny_data), "--trials", "1", "--final-seeds", "1")
     assert_one_line_naming(result, f"{tmp_path / 'cfg' / 'CPU_hparams.sh'}: exists and is not a regular file")
-    assert result.stdout == "" and not (tmp_path / "res" / "trials").exists()
+    assert result.stdout == "" and not (tmp_path / "res" / "CPU.trials").exists()
 
 
 @pytest.mark.slow
@@ -248,7 +248,7 @@ def test_the_docker_launcher_runs_each_trial_as_a_launch(tiny_data, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     [trial] = study_trials(tmp_path)
     assert trial.state.name == "COMPLETE" and trial.value == 2.0 and trial.params == {"EVAL_OFFSET": 1}
-    folder = tmp_path / "res" / "trials" / "0000"
+    folder = tmp_path / "res" / "CPU.trials" / "0000"
     assert trial.user_attrs["logs"] == [str(folder / "seed100000_1.log")]
     out = (folder / "seed100000.out").read_text()
     assert "run_with_docker.sh: FRAGMENTS=0: no config fragment sourced" in out and "Beginning trial 1 of 1" in out
@@ -311,3 +311,44 @@ def test_open_mode_plans_the_knobs_in_the_order_given_with_the_levers_steps(tmp_
     ema = space.parse_knob("RN50_EMA_DECAY=0:0.99", "open")
     assert space.planned({"RN50_EMA_DECAY": 0.0}, [ema], space.phases([ema], "open")[0]) == [
         {"RN50_EMA_DECAY": 0.9}, {"RN50_EMA_DECAY": 0.97}]
+
+
+@pytest.mark.slow
+def test_a_winner_that_never_reached_the_target_is_not_written(tiny_data, tmp_path):
+    """A miss counts the horizon plus 2 epochs, so among sets that all miss the shortest horizon "won": the old driver
+    wrote a fragment saying "0/1 runs converged". Nothing is written unless the winner converged on every fresh
+    seed."""
+    env = environ(tiny_data, ACCURACY_THRESHOLD="1.0")
+    result = search(tmp_path, env, "--knob", "NUMEPOCHS=2:3", "--trials", "2", "--final-seeds", "1",
+                    "--prune-share", "1")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.splitlines()[-1] == (f"search: no set reached the target on every fresh seed; "
+                                              f"{tmp_path / 'cfg' / 'CPU_hparams.sh'} not written")
+    assert not (tmp_path / "cfg" / "CPU_hparams.sh").exists()
+
+
+def test_a_trial_never_scores_a_log_it_did_not_write(tiny_data, tmp_path):
+    """Study B's trial 0 scored the log study A's trial 0 left at the same path (one --results, or the same study
+    under a new database). Each study's runs are in STUDY.trials/; a new study finding runs there is one line
+    before any trial, and a trial's folder is made new (os.mkdir) when it starts."""
+    planted = ':::MLLOG {"key": "run_stop", "value": null, "metadata": {"status": "success"}}\n'
+    for folder in ("trials", "CPU.trials"):  # the old layout's folder and the new one
+        os.makedirs(tmp_path / "res" / folder / "0000")
+        (tmp_path / "res" / folder / "0000" / "seed100000.log").write_text(planted)
+    result = search(tmp_path, environ(tiny_data), "--trials", "1", "--finalists", "0")
+    assert_one_line_naming(result, f"{tmp_path / 'res' / 'CPU.trials'}: holds runs of an earlier study 'CPU'")
+    assert result.stdout == "" and leftovers(tmp_path) == []
+
+
+def test_the_outputs_are_named_by_the_study_and_the_mode(tmp_path):
+    """An open search of a closed config replaced the closed fragment that closed launches source; a second run of
+    the finals wrote over the first's logs."""
+    from rn50_mx.search import output
+
+    assert output.fragment_name(Settings(dgxsystem="CPU"), "closed") == "CPU_hparams.sh"
+    assert output.fragment_name(Settings(dgxsystem="CPU"), "open") == "CPU_open_hparams.sh"  # config/CPU_open.sh's
+    opened = Settings(dgxsystem="CPU_open", submission_division="open")
+    assert output.fragment_name(opened, "open") == "CPU_open_hparams.sh"
+    first, second = output.finals_folder(str(tmp_path), "A"), output.finals_folder(str(tmp_path), "A")
+    assert (first, second) == (str(tmp_path / "A.finals" / "1"), str(tmp_path / "A.finals" / "2"))
+    assert output.trials_folder(str(tmp_path), "A") != output.trials_folder(str(tmp_path), "B")

@@ -65,6 +65,7 @@ def prepare(argv):
     """(settings, args, knobs) checked, before any study is opened."""
     args, rest = parse_args(argv)
     s = config.load(rest, prog="rn50_mx.search")
+    args.fragment = os.path.abspath(os.path.join(args.out, output.fragment_name(s, args.mode)))  # one path, checked
     if args.mode == "open":
         s = s.replace(submission_division="open")
     knobs = [space.parse_knob(k, args.mode) for k in args.knob] or space.default_knobs(s, args.mode)
@@ -132,11 +133,14 @@ def search(s, args, knobs):
         raise InputError("--data-train and --data-val (or DATADIR): every trial trains and evaluates on real data")
     launchers.check(args.launcher, s)
     data.check_files(s)
-    fragment = os.path.abspath(os.path.join(args.out, f"{s.dgxsystem}_hparams.sh"))  # checked where it is written
+    fragment = args.fragment
     lock = hold_lock(args)
     with files.owned_in_folder(fragment):  # the tuner's rules: folder made, one writer, checked before work
         files.refuse_special(fragment, "fragment")
         study = open_study(args, knobs)
+        trials_there = output.trials_folder(args.results, args.study)
+        if not study.get_trials(deepcopy=False) and os.path.isdir(trials_there) and os.listdir(trials_there):
+            raise output.earlier_runs(trials_there, args.study)
         loop = driver.Driver(s, args, knobs, study, args.results)
         try:
             loop.run()
@@ -157,18 +161,23 @@ def search(s, args, knobs):
         sets = [("sourced", space.start(s, knobs))] + [(f"trial {t.number}", {k.env: t.params[k.env] for k in knobs})
                                                       for t in best if t.params != space.start(s, knobs)]
         seeds = driver.final_seeds(args.study, args.final_seeds)
-        rows = finals.run_sets(s, sets, knobs, seeds, os.path.join(args.results, "finals"), args,
+        rows = finals.run_sets(s, sets, knobs, seeds, output.finals_folder(args.results, args.study), args,
                                mlperf_rules.DEFAULT_RULESET)
         table = {name: (params, rows[name]) for name, params in sets}
         print(output.table(table, args.mode))
         key = "epochs" if args.objective == "epochs" else "minutes"
-        winner = min(table, key=lambda name: (table[name][1][key] is None, table[name][1][key] or 0))
+        reached = [name for name in table if table[name][1]["all_converged"]]  # a miss scores no epochs, only a guess
+        if not reached:
+            print(f"search: no set reached the target on every fresh seed; {fragment} not written")
+            return 1
+        winner = min(reached, key=lambda name: table[name][1][key])
         if winner == "sourced":
             print(f"search: the sourced settings stay best on fresh seeds; {fragment} not written")
         else:
             params, row = table[winner]
-            output.write_fragment(fragment, output.fragment_text(s, params, row, args.study))
-            print(f"search: wrote {fragment} ({winner}); the launchers source it after config/{s.dgxsystem}.sh")
+            output.write_fragment(fragment, output.fragment_text(fragment, params, row, args.study))
+            print(f"search: wrote {fragment} ({winner}); the launchers source it after "
+                  f"config/{os.path.basename(fragment)[:-len('_hparams.sh')]}.sh")
     os.close(lock)
     return 0
 

@@ -90,9 +90,15 @@ class Driver:
 
     # --- running trials --------------------------------------------------------------------------------------
     def launch(self):
+        import optuna
+
         trial = self.study.ask(self.distributions)
         params = {k.env: trial.params[k.env] for k in self.knobs}
-        folder = output.trial_folder(self.folder, trial.number)
+        try:
+            folder = output.trial_folder(self.folder, self.args.study, trial.number)
+        except InputError:
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)  # no RUNNING trial for the next driver to end
+            raise
         seeds = [SEARCH_SEEDS + trial.number * 16 + k for k in range(self.args.seeds_per_trial)]
         slot = Slot(trial, params, space.apply(self.s, params, self.knobs), seeds, folder)
         self.slots.append(slot)
