@@ -315,7 +315,7 @@ REFERENCE_ONLY_ENV = {
 # each with the settings logged along with it; a lever is on when its value is not the default, or not one of the
 # values CLOSED_VALUES lists (training_rules.adoc's hyperparameter table: label smoothing 0 or 0.1, which no checker
 # verifies: it is not logged in the closed division). docs/open-division.md.
-OPEN_LEVERS = {"val_resize": (), "val_crop": (), "eval_flip": (), "ema_decay": ("ema_every",), "mom_schedule": (),
+OPEN_LEVERS = {"val_resize": (), "val_crop": (), "eval_flip": (), "eval_last_epoch": (), "ema_decay": ("ema_every",), "mom_schedule": (),
                "prog_start_side": ("prog_start_epoch", "prog_end_epoch", "prog_step"), "label_smoothing": (),
                "batch_schedule": ()}
 CLOSED_VALUES = {"label_smoothing": (0.0, 0.1)}
@@ -333,7 +333,7 @@ def open_levers(s):
 def momentum_points(text):
     """[(epoch, momentum), ...] parsed from EPOCH:MOMENTUM,...; ValueError says what is wrong in a few words."""
     points = []
-    if not text.strip():
+    if not text:  # a blank one is no schedule, but would turn the lever on (open_levers): refused as malformed
         return points
     for item in (part.strip() for part in text.split(",")):
         epoch, sep, momentum = item.partition(":")

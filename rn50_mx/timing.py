@@ -235,6 +235,9 @@ def score(runs):
     mixed = mixed_runs(runs)
     if mixed:
         return None, f"no score: the runs are not of one system and batch size ({mixed})"
+    repeated = repeated_seeds(runs)
+    if repeated:
+        return None, f"no score: each run needs a seed of its own ({repeated})"
     dropped = [run for run in runs if not run.counted]
     why = "; ".join(f"{os.path.basename(run.path)}: {drop_reason(run)}" for run in dropped)
     if len(dropped) > MAX_DROPPED:
@@ -246,12 +249,29 @@ def score(runs):
     return minutes, "valid: olympic mean (fastest and slowest dropped)"
 
 
-def divisions(runs):
-    """The runs by submission_division, as 'open: a, b; closed: c'."""
+def grouped(runs, key):
+    """{key(run): [file names]} of the runs."""
     groups = {}
     for run in runs:
-        groups.setdefault(str(run.division), []).append(os.path.basename(run.path))
+        groups.setdefault(key(run), []).append(os.path.basename(run.path))
+    return groups
+
+
+def listed(groups):
+    """Groups of runs as 'key: a, b; key: c'."""
     return "; ".join(f"{key}: {', '.join(names)}" for key, names in groups.items())
+
+
+def divisions(runs):
+    """The runs by submission_division, as 'open: a, b; closed: c'."""
+    return listed(grouped(runs, lambda run: str(run.division)))
+
+
+def repeated_seeds(runs):
+    """'' when no two runs logged one seed; else those runs by seed, as 'seed 7: a, b'. The package checker refuses
+    two runs logging one seed from one source line (seed_checker.py:102-115), as every rn50_mx run does."""
+    groups = grouped(runs, lambda run: f"seed {run.seed}")
+    return listed({key: names for key, names in groups.items() if len(names) > 1})
 
 
 def division_of(runs):
@@ -262,12 +282,8 @@ def division_of(runs):
 
 def mixed_runs(runs):
     """'' when every run has the same platform and global batch size; else the groups, as 'platform batch N: a, b'."""
-    groups = {}
-    for run in runs:
-        groups.setdefault(f"{run.platform} batch {run.batch_size}", []).append(os.path.basename(run.path))
-    if len(groups) == 1:
-        return ""
-    return "; ".join(f"{key}: {', '.join(names)}" for key, names in groups.items())
+    groups = grouped(runs, lambda run: f"{run.platform} batch {run.batch_size}")
+    return "" if len(groups) == 1 else listed(groups)
 
 
 def check_rcp(runs, ruleset):

@@ -218,6 +218,13 @@ def test_a_second_driver_on_the_study_is_refused_in_one_line(tiny_data, tmp_path
     (["--launcher", "ssh"], {}, "argument --launcher: invalid choice: 'ssh'"),
     (["--study", "../x"], {}, "--study '../x': letters, digits, '.', '_' and '-' only"),
     (["--out", "/proc/x"], {}, "/proc/x: cannot create"),
+    (["--mode", "open", "--knob", "ACCURACY_THRESHOLD=0.1:0.9", "--dry-run"], {},
+     "--knob ACCURACY_THRESHOLD=0.1:0.9: ACCURACY_THRESHOLD is the target, which the search measures by"),
+    (["--mode", "open", "--knob", "NUMEXAMPLES=12:24", "--dry-run"], {}, "NUMEXAMPLES is the data"),
+    (["--mode", "open", "--knob", "EVAL_PERIOD=1:2", "--dry-run"], {}, "EVAL_PERIOD is the eval schedule"),
+    (["--mode", "open", "--knob", "DGXNGPU=1:2", "--dry-run"], {}, "DGXNGPU is the world size"),
+    (["--launcher", "slurm"], {"PATH": f"/nonexistent{os.pathsep}{os.path.dirname(sys.executable)}"},
+     "--launcher slurm: sbatch, squeue, scancel not found on PATH"),
     (["--study", "s", "--dry-run"], {"DGXSYSTEM": "../x"}, "DGXSYSTEM='../x': a system name is letters, digits"),
     (["--study", "s", "--dry-run"], {"DGXSYSTEM": "CPU\ntouch x #"}, "DGXSYSTEM='CPU\\ntouch x #': a system name"),
     (["--launcher", "docker", "--data-val", "/x/v.rec"], {},
@@ -352,3 +359,31 @@ def test_the_outputs_are_named_by_the_study_and_the_mode(tmp_path):
     first, second = output.finals_folder(str(tmp_path), "A"), output.finals_folder(str(tmp_path), "A")
     assert (first, second) == (str(tmp_path / "A.finals" / "1"), str(tmp_path / "A.finals" / "2"))
     assert output.trials_folder(str(tmp_path), "A") != output.trials_folder(str(tmp_path), "B")
+
+
+def test_a_run_the_launcher_cannot_start_is_one_line_and_costs_no_trial(tiny_data, tmp_path):
+    """sbatch failing (Slurm not configured) pruned every trial, spent the budget and ended "search: done", exit 0.
+    Now one line, exit != 0, and the trial is queued again: none finished."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    for tool, script in (("sbatch", "echo 'sbatch: error: Slurm is not configured' >&2; exit 1"), ("squeue", "exit 0"),
+                         ("scancel", "exit 0")):
+        (folder / tool).write_text(f"#!/bin/sh\n{script}\n")
+        (folder / tool).chmod(0o755)
+    env = environ(tiny_data, PATH=f"{folder}{os.pathsep}{ENV_PATH}")
+    result = search(tmp_path, env, "--launcher", "slurm", "--trials", "3", "--finalists", "0")
+    assert_one_line_naming(result, "sbatch: sbatch: error: Slurm is not configured")
+    states = [t.state.name for t in study_trials(tmp_path)]
+    assert "COMPLETE" not in states and "PRUNED" not in states and "WAITING" in states, states
+
+
+@pytest.mark.slow
+def test_a_study_continues_only_under_the_settings_it_was_started_with(tiny_data, tmp_path):
+    """A study continued under another batch size ranked runs that are not comparable, without a word."""
+    flags = ["--knob", "EVAL_OFFSET=0:1", "--finalists", "0"]
+    first = search(tmp_path, environ(tiny_data), *flags, "--trials", "1")
+    assert first.returncode == 0, first.stdout + first.stderr
+    other = search(tmp_path, environ(tiny_data, BATCHSIZE="2"), *flags, "--trials", "2")
+    assert_one_line_naming(other, "study 'CPU' in sqlite:///")
+    assert "was started with BATCHSIZE=4, not BATCHSIZE=2: its trials would not be comparable" in other.stderr
+    assert len(study_trials(tmp_path)) == 1

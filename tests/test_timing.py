@@ -252,3 +252,14 @@ def test_no_log_value_names_a_rule_file_the_checker_runs(tmp_path, key, ruleset,
                             capture_output=True, text=True, env={**os.environ, **PYTHONPATH})
     assert_one_line_naming(result, f"{log}: {key} ")
     assert not marker.exists()
+
+
+def test_five_copies_of_one_run_get_no_score(tmp_path):
+    """Five copies of one run (one seed) scored valid; the package checker refuses two runs logging one seed."""
+    for k in range(1, 6):
+        shutil.copy(FIXTURE / "result_1.txt", tmp_path / f"result_{k}.txt")
+    report = report_of([tmp_path])
+    seed = report["runs"][0]["seed"]
+    assert report["score"]["minutes"] is None
+    assert report["score"]["verdict"] == (f"no score: each run needs a seed of its own (seed {seed}: result_1.txt, "
+                                          "result_2.txt, result_3.txt, result_4.txt, result_5.txt)")

@@ -71,9 +71,15 @@ def parse_args(argv=None):
     if args.system is not None and not re.fullmatch(config.SYSTEM_NAME, args.system):
         raise InputError(f"--system {args.system!r}: a config name is letters, digits, '.', '_' and '-' (it names "
                          "config/<NAME>.sh and the launchers' DGXSYSTEM)")
+    if args.system is not None and args.system.endswith(FRAGMENT_SUFFIXES):
+        raise InputError(f"--system {args.system}: config/<SYSTEM>{' and '.join(FRAGMENT_SUFFIXES)}.sh are the "
+                         "fragments the launchers source after config/<SYSTEM>.sh: give the config another name")
     if not os.path.isfile(os.path.join(args.config_dir, "gpu_common.sh")):
         raise InputError(f"--config-dir {args.config_dir}: no gpu_common.sh there (run from the rn50-mx checkout)")
     return args
+
+
+FRAGMENT_SUFFIXES = ("_tuned", "_hparams")  # rn50_mx.tune's and rn50_mx.search's fragments (trials.sh source_fragments)
 
 
 def shown_command(argv):

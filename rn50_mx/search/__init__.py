@@ -78,9 +78,16 @@ def prepare(argv):
     return s, args, knobs
 
 
-def open_study(args, knobs):
+def started_with(s, knobs):
+    """The sourced settings the study's trials are compared under: every value a variable sets, except the knobs'
+    and each run's own (its seed; its log and checkpoints are host paths, which as_env leaves out)."""
+    own = {k.env for k in knobs} | {"SEED", "RN50_CHECKPOINT_DIR", "RN50_SAVE_MODEL"}
+    return {name: value for name, value in config.as_env(s).items() if name not in own}
+
+
+def open_study(args, knobs, s):
     """The study, created or continued; one line when the storage cannot be opened or the study was started with
-    another space."""
+    another space or under other sourced settings (its trials would not be comparable)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -97,6 +104,16 @@ def open_study(args, knobs):
     elif known != space_text:
         raise InputError(f"study {args.study!r} in {args.storage} searches {known}, not {space_text}: give another "
                          "--study (or the same knobs)")
+    settings = started_with(s, knobs)
+    known = study.user_attrs.get("settings")
+    if known is None:
+        study.set_user_attr("settings", settings)
+    elif known != settings:
+        changed = sorted(set(known) ^ set(settings) | {k for k in known if known[k] != settings.get(k)})
+        then = " ".join(f"{k}={known.get(k, '(unset)')}" for k in changed[:3])
+        now = " ".join(f"{k}={settings.get(k, '(unset)')}" for k in changed[:3])
+        raise InputError(f"study {args.study!r} in {args.storage} was started with {then}, not {now}: its trials "
+                         "would not be comparable; source those settings again, or give another --study")
     return study
 
 
@@ -137,7 +154,7 @@ def search(s, args, knobs):
     lock = hold_lock(args)
     with files.owned_in_folder(fragment):  # the tuner's rules: folder made, one writer, checked before work
         files.refuse_special(fragment, "fragment")
-        study = open_study(args, knobs)
+        study = open_study(args, knobs, s)
         trials_there = output.trials_folder(args.results, args.study)
         if not study.get_trials(deepcopy=False) and os.path.isdir(trials_there) and os.listdir(trials_there):
             raise output.earlier_runs(trials_there, args.study)

@@ -109,10 +109,21 @@ class Driver:
         slot.runs.append(run)
         try:
             record = run.start()
-        except InputError as err:
+        except launchers.LaunchError:
+            self.give_back(slot)
+            raise
+        except InputError as err:  # the trial's settings refused: a pruned trial
             slot.pruned = str(err)
             return
         slot.trial.set_user_attr("runs", [record])
+
+    def give_back(self, slot):
+        """A trial whose run could not start: failed, its values queued again, so that it costs no trial."""
+        import optuna
+
+        self.study.tell(slot.trial, state=optuna.trial.TrialState.FAIL)
+        self.study.enqueue_trial(slot.params, skip_if_exists=False)
+        self.slots.remove(slot)
 
     def poll(self, slot):
         """Report new evals, prune, start the next seed; True when the trial has ended (told to the study)."""
