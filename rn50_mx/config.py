@@ -419,6 +419,16 @@ def check_fields(s, src=flag_name):
         _check(f, getattr(s, f.name), src(f.name))
 
 
+def check_image_shape(s, src=flag_name):
+    """C,H,W with C 3 or 4 and sides ResNet-50 can halve 5 times (a checkpoint's recorded settings too)."""
+    chw = s.image_shape.split(",") if isinstance(s.image_shape, str) else []
+    if len(chw) != 3 or not all(v.isdecimal() and int(v) > 0 for v in chw) or int(chw[0]) not in (3, 4):
+        raise SettingsError(f"{src('image_shape')}={s.image_shape!r}: expected C,H,W with C 3 or 4")
+    if not all(32 <= int(side) <= MAX_IMAGE_SIDE for side in chw[1:]):
+        raise SettingsError(f"{src('image_shape')}={s.image_shape!r}: H and W must be 32 to {MAX_IMAGE_SIDE} "
+                            "(ResNet-50 halves the side 5 times)")
+
+
 def validate(s, origins=None):
     """Each field's range, then the checks across fields. origins (resolve's) lets a message name the environment
     variable a bad value came from rather than its flag."""
@@ -430,12 +440,7 @@ def validate(s, origins=None):
         return flag_name(name) if origin == "flag" else origin
 
     check_fields(s, src)
-    chw = s.image_shape.split(",")
-    if len(chw) != 3 or not all(v.isdigit() and int(v) > 0 for v in chw) or int(chw[0]) not in (3, 4):
-        raise SettingsError(f"{src('image_shape')}={s.image_shape!r}: expected C,H,W with C 3 or 4")
-    if not all(32 <= int(side) <= MAX_IMAGE_SIDE for side in chw[1:]):
-        raise SettingsError(f"{src('image_shape')}={s.image_shape!r}: H and W must be 32 to {MAX_IMAGE_SIDE} "
-                            "(ResNet-50 halves the side 5 times)")
+    check_image_shape(s, src)
     if s.min_random_area > s.max_random_area:
         raise SettingsError(f"{src('min_random_area')} is larger than {src('max_random_area')}")
     if s.min_random_aspect_ratio > s.max_random_aspect_ratio:
