@@ -27,6 +27,10 @@ trial_settings() {
     : "${DATADIR:?set DATADIR to the folder holding train.rec/.idx and val.rec/.idx}"
     NEXP=${NEXP:-5}
     [[ "$NEXP" =~ ^[1-9][0-9]*$ ]] || die "NEXP=${NEXP}: expected a positive integer"
+    if (( NEXP > 1 )) && [[ -n "${RN50_CHECKPOINT_DIR:-}" ]]; then
+        die "NEXP=${NEXP} with RN50_CHECKPOINT_DIR=${RN50_CHECKPOINT_DIR}: the trials would share one checkpoint" \
+            "folder, and each after the first would find the first's ended run; give one folder per trial (NEXP=1)"
+    fi
     LOGDIR=${LOGDIR:-$1}
     DATESTAMP=${DATESTAMP:-$(date +%y%m%d%H%M%S%N)}
     [[ "$DATESTAMP" =~ ^[A-Za-z0-9._-]+$ ]] || die "DATESTAMP=${DATESTAMP}: expected letters, digits, '.', '_' or '-'"
@@ -105,8 +109,8 @@ read_resume_state() {
             resume_trial|resume_seed) [[ "$line" == *=* && "$value" =~ ^[0-9]{1,10}$ ]] ;;
             used_seeds|failed) [[ "$line" == *=* && "$value" =~ ^[0-9\ ]*$ ]] ;;
             *) false ;;
-        esac || die "${RESUME_STATE}: line ${n} is not the launcher's state (${line:0:60}); remove the file to start" \
-            "the trials anew"
+        esac || die "${RESUME_STATE}: line ${n} is not the launcher's state ($(shown "${line:0:60}")); remove the" \
+            "file to start the trials anew"
         case "$key" in
             resume_trial) resume_trial=$((10#$value)) ;;
             resume_seed) resume_seed=$((10#$value)) ;;
@@ -118,6 +122,9 @@ read_resume_state() {
         die "${RESUME_STATE}: resumes trial ${resume_trial}, not one of NEXP=${NEXP}; remove the file to start the" \
             "trials anew"
 }
+
+# $1 with a carriage return (a Windows line end, invisible on a terminal) shown as \r.
+shown() { echo "${1//$'\r'/\\r}"; }
 
 # Sources $1's fragments, config/<SYSTEM>_tuned.sh (`python -m rn50_mx.tune` writes it) then
 # config/<SYSTEM>_hparams.sh (`python -m rn50_mx.search`), those there are, as if they came right after the config: a

@@ -263,3 +263,11 @@ def test_five_copies_of_one_run_get_no_score(tmp_path):
     assert report["score"]["minutes"] is None
     assert report["score"]["verdict"] == (f"no score: each run needs a seed of its own (seed {seed}: result_1.txt, "
                                           "result_2.txt, result_3.txt, result_4.txt, result_5.txt)")
+
+
+def test_an_error_naming_a_path_with_a_newline_stays_on_one_line(tmp_path):
+    """A newline in a path was printed raw, the one-line error spread over two."""
+    missing = tmp_path / "a\nb.log"
+    result = subprocess.run([sys.executable, "-m", "rn50_mx.timing", str(missing)], capture_output=True, text=True,
+                            env={**os.environ, **PYTHONPATH})
+    assert_one_line_naming(result, f"{tmp_path}/a\\nb.log: no such file or directory")

@@ -344,6 +344,7 @@ def test_a_launch_resumes_only_with_the_checkpoint_there(shared, stopped_checkpo
     ("resume_trial=$(touch {marker})\n", "line 1 is not the launcher's state (resume_trial=$(touch "),
     ("resume_trial=1\nresume_seed=7\nused_seeds=7; touch {marker}\nfailed=\n", "line 3 is not the launcher's state"),
     ("resume_trial=9\nresume_seed=7\nused_seeds=7\nfailed=\n", "resumes trial 9, not one of NEXP=3"),
+    ("resume_trial=1\r\nresume_seed=7\r\n", "line 1 is not the launcher's state (resume_trial=1\\r); remove"),
 ])
 def test_the_resume_state_is_read_as_data_never_run(shared, tmp_path, state, says):
     """LOGDIR/DATESTAMP.resume (a results folder, often shared and mounted into the container) was `source`d by the
@@ -502,3 +503,13 @@ def test_logdir_is_a_folder_name_never_a_pattern(shared, tmp_path, folder, other
     kept = run(command, stub)
     assert_one_line_naming(kept, f"LOGDIR={tmp_path / folder}: holds logs of DATESTAMP=r already")
     assert (tmp_path / other / "r_1.log").read_text() == "another folder's\n"
+
+
+def test_several_trials_on_one_checkpoint_folder_are_refused_before_the_first(shared, tmp_path):
+    """NEXP > 1 with RN50_CHECKPOINT_DIR ran trial 1, then failed trials 2..N one by one (each found trial 1's ended
+    run in the folder)."""
+    env = {**TINY_KEEP_CACHES, "DATADIR": shared["data"], "LOGDIR": str(tmp_path / "logs"), "NEXP": "2",
+           "RN50_CHECKPOINT_DIR": str(tmp_path / "ckpt")}
+    result = run(launcher("./run_with_docker.sh", env)[0])
+    assert_one_line_naming(result, f"NEXP=2 with RN50_CHECKPOINT_DIR={tmp_path / 'ckpt'}: the trials would share")
+    assert "trial" not in result.stdout and files_in(tmp_path / "logs") == []

@@ -20,7 +20,7 @@ import sys
 from .. import anchors, config, memory
 from ..mlperf_rules import (BENCHMARK, DEFAULT_RULESET, PRUNED, PUBLISHED, USAGE, horizon_epochs, load_checker,
                             rcp_file, rulesets)
-from ..errors import InputError
+from ..errors import InputError, printable
 from . import open_division
 from .check import place, verdict
 from .choosing import Recipe, choose, interpolate, mode_epoch, whole_epochs
@@ -85,8 +85,7 @@ FRAGMENT_SUFFIXES = ("_tuned", "_hparams")  # rn50_mx.tune's and rn50_mx.search'
 def shown_command(argv):
     """The command line for the config's comment: quoted as a shell would need it, and on one line whatever the
     arguments hold (a newline in a comment would start a shell line in the config the launchers source)."""
-    text = shlex.join(["python", "-m", "rn50_mx.recipe", *argv])
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+    return printable(shlex.join(["python", "-m", "rn50_mx.recipe", *argv]))
 
 
 def main(argv=None):

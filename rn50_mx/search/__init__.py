@@ -53,9 +53,11 @@ def parse_args(argv):
     add("--out", default=os.path.join(ROOT, "config"), help="folder of the fragment (config/)")
     add("--dry-run", action="store_true", help="print the plan and its cost; run nothing (no data needed)")
     args, rest = parser.parse_known_args(argv)
-    for name, low in (("trials", 1), ("seeds_per_trial", 1), ("finalists", 0), ("final_seeds", 1), ("parallel", 1)):
-        if getattr(args, name) < low:
-            raise InputError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least {low}")
+    # Seeds: each trial's and each study's finals take 16 in a row (driver.py), so at most 16 per trial and per set.
+    for name, low, high in (("trials", 1, 10_000), ("seeds_per_trial", 1, 16), ("finalists", 0, 100),
+                            ("final_seeds", 1, 16), ("parallel", 1, 1024)):
+        if not low <= getattr(args, name) <= high:
+            raise InputError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be {low} to {high}")
     if not args.hours > 0 or not 0 < args.prune_share <= 1:
         raise InputError("--hours must be > 0 and --prune-share in (0, 1]")
     return args, rest

@@ -92,6 +92,8 @@ def parse_knob(text, mode):
     if not (math.isfinite(low) and math.isfinite(high) and low <= high) or (integer and (low, high) != (int(low), int(high))):
         raise InputError(f"--knob {text}: LOW:HIGH must be finite{' whole' if integer else ''} numbers, LOW <= HIGH")
     knob = Knob(name, field.name, low, high, integer, lattice=mode == "closed" and name == "WD")
+    if knob.lattice and not 0 < low:
+        raise InputError(f"--knob {text}: the closed rules allow WD = 1e-4 x 2^N only: LOW must be above 0")
     if knob.lattice and not knob.values():
         raise InputError(f"--knob {text}: the closed rules allow WD = 1e-4 x 2^N only, and none lies in [{low}, {high}]")
     return knob
