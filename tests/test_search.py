@@ -389,3 +389,22 @@ def test_a_study_continues_only_under_the_settings_it_was_started_with(tiny_data
     assert_one_line_naming(other, "study 'CPU' in sqlite:///")
     assert "was started with BATCHSIZE=4, not BATCHSIZE=2: its trials would not be comparable" in other.stderr
     assert len(study_trials(tmp_path)) == 1
+
+
+def test_a_recorded_group_whose_pid_now_names_another_process_is_left_alone():
+    """The next driver ended whatever process group held a recorded id (ids are reused): an unrelated process was
+    killed. The record holds the leader's start time; another process under that pid is left alone."""
+    from rn50_mx import children
+    from rn50_mx.search import launchers
+
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        started = children.started_at(proc.pid)
+        launchers.end_recorded(["pgid", proc.pid, started + 1])  # the recorded run started at another time
+        time.sleep(0.5)
+        assert proc.poll() is None
+        launchers.end_recorded(["pgid", proc.pid, started])
+        assert proc.wait(timeout=15) == -signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.wait()

@@ -70,7 +70,7 @@ class Group:
                 self.proc = children.start(command, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
         except OSError as err:
             raise LaunchError(f"{command[0]}: cannot start the run ({err.strerror or err}; output {out})") from None
-        self.record = ["pgid", self.proc.pid]
+        self.record = ["pgid", self.proc.pid, children.started_at(self.proc.pid)]
 
     def done(self):
         return self.proc.poll() is not None
@@ -142,9 +142,12 @@ def start(kind, s, folder, seed, out):
 
 
 def end_recorded(record):
-    """End what a killed driver's run left, from its record: a process group, or a Slurm job."""
-    kind, ident = record
+    """End what a killed driver's run left, from its record: a process group (only if its leader is still the one
+    started: children.stop_recorded_group), or a Slurm job."""
+    kind, ident, *started = record
     if kind == "pgid":
-        children.stop_group(ident)
+        if not children.stop_recorded_group(ident, started[0] if started else None):
+            print(f"search: process {ident} is no longer the recorded run's (its pid was reused): left alone",
+                  flush=True)
     else:
         end_job(ident)
