@@ -118,7 +118,8 @@ class Driver:
         slot.trial.set_user_attr("runs", [record])
 
     def give_back(self, slot):
-        """A trial whose run could not start: failed, its values queued again, so that it costs no trial."""
+        """A trial whose run could not start or was stopped at --hours: failed, its values queued again, so that it
+        costs no trial."""
         import optuna
 
         self.study.tell(slot.trial, state=optuna.trial.TrialState.FAIL)
@@ -173,7 +174,9 @@ class Driver:
         return True
 
     def run(self):
-        """Trials until --trials have finished or --hours have passed; returns the number finished now."""
+        """Trials until --trials have finished or --hours have passed; returns the number finished now. A trial still
+        running at --hours (a long one, or one hung in a collective) is stopped and queued again: the next run of
+        the driver runs it."""
         deadline = time.time() + self.args.hours * 3600
         self.recover()
         if not self.study.get_trials(deepcopy=False):
@@ -186,6 +189,13 @@ class Driver:
                 self.enqueue_plan()
                 self.launch()
                 continue
+            if time.time() >= deadline:
+                for slot in list(self.slots):
+                    if slot.current and slot.current.started:
+                        slot.current.stop("past --hours")
+                    self.give_back(slot)
+                    print(f"search: trial {slot.trial.number} was still running at --hours: stopped, queued again",
+                          flush=True)
             if not self.slots:
                 return len(self.finished()) - started
             time.sleep(1.0)
