@@ -420,3 +420,17 @@ def test_a_trial_still_running_at_hours_is_stopped_and_queued_again(tiny_data, t
     assert "search: trial 0 was still running at --hours: stopped, queued again" in result.stdout
     states = sorted(t.state.name for t in study_trials(tmp_path))
     assert states == ["FAIL", "WAITING"] and leftovers(tmp_path) == []
+
+
+def test_a_symlink_at_the_studys_run_folders_is_one_line(tmp_path):
+    """A link planted at RESULTS/STUDY.trials or STUDY.finals sent the runs (and the scores read back) elsewhere."""
+    from rn50_mx.search import output
+
+    (tmp_path / "elsewhere").mkdir()
+    for name in ("S.trials", "S.finals"):
+        (tmp_path / name).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(InputError, match=r"S\.trials: a symlink; the search keeps its runs in a folder of its own"):
+        output.trial_folder(str(tmp_path), "S", 0)
+    with pytest.raises(InputError, match=r"S\.finals: a symlink"):
+        output.finals_folder(str(tmp_path), "S")
+    assert os.listdir(tmp_path / "elsewhere") == []

@@ -147,7 +147,7 @@ def end_recorded(record):
     kind, ident, *started = record
     if kind == "pgid":
         if not children.stop_recorded_group(ident, started[0] if started else None):
-            print(f"search: process {ident} is no longer the recorded run's (its pid was reused): left alone",
-                  flush=True)
+            print(f"search: process {ident} is not known to be the recorded run's (its pid reused, or a record "
+                  "without a start time): left alone", flush=True)
     else:
         end_job(ident)

@@ -19,12 +19,19 @@ def earlier_runs(folder, study):
                       "logs it writes: give another --results or --study")
 
 
+def made_folder(path):
+    """The folder `path`, made if missing, never a symlink: a link planted there would send the runs elsewhere."""
+    if os.path.islink(path):
+        raise InputError(f"{path}: a symlink; the search keeps its runs in a folder of its own there")
+    os.makedirs(path, exist_ok=True)
+
+
 def trial_folder(results, study, number):
     """Trial `number`'s folder, made here and new: a trial scores only logs it writes, never one an earlier
     database's trial of this number left."""
     folder = os.path.join(trials_folder(results, study), f"{number:04d}")
     try:
-        os.makedirs(os.path.dirname(folder), exist_ok=True)
+        made_folder(os.path.dirname(folder))
         os.mkdir(folder)
     except FileExistsError:
         raise earlier_runs(folder, study) from None
@@ -40,7 +47,7 @@ def finals_folder(results, study):
     for n in range(1, 1_000_000):
         folder = os.path.join(parent, str(n))
         try:
-            os.makedirs(parent, exist_ok=True)
+            made_folder(parent)
             os.mkdir(folder)
             return folder
         except FileExistsError:
