@@ -625,6 +625,7 @@ def test_evaluate_refuses_settings_the_model_was_not_trained_with(recs, two_chec
     (None, "model-settings.json (python -m rn50_mx.train --save-model"),
     ("[1]", "not a settings object"),
     ("{", "model-settings.json: cannot read ("),
+    ("{}", "--image-shape: the model's settings do not record it"),  # issue 33 item 20: the check was skipped
 ])
 def test_evaluate_refuses_a_model_without_its_settings(recs, tmp_path_factory, tmp_path, content, why):
     prefix = str(tmp_path / "model")
