@@ -289,8 +289,8 @@ def test_the_next_launch_resumes_the_stopped_trial_in_its_log(shared, stopped_ch
     trial 1 again with its seed (the checkpoint's), appending to r_1.log on a line of its own though the stopped
     trial's last line was cut, and a launch that stopped before the trial leaves it to resume; the old code refused
     the DATESTAMP (its logs exist)."""
-    env = {**TINY_KEEP_CACHES, "DATADIR": shared["data"], "LOGDIR": str(tmp_path / "logs"), "NEXP": "3", "DATESTAMP": "r",
-           "RN50_CHECKPOINT_DIR": str(shutil.copytree(stopped_checkpoints, tmp_path / "ckpt"))}
+    env = {**TINY_KEEP_CACHES, "DATADIR": shared["data"], "LOGDIR": str(tmp_path / "logs"), "NEXP": "1", "DATESTAMP": "r",
+           "RN50_CHECKPOINT_DIR": str(shutil.copytree(stopped_checkpoints, tmp_path / "ckpt"))}  # one trial per folder
     command, _ = launcher("./run_with_docker.sh", env)
     stub = site(tmp_path, RESUMABLE)
     assert run(command, stub).returncode == 75
@@ -303,7 +303,7 @@ def test_the_next_launch_resumes_the_stopped_trial_in_its_log(shared, stopped_ch
     assert result.returncode == 75, result.stderr[-2000:]
     assert files_in(tmp_path / "logs") == ["r.resume", "r_1.log"]
     text = log.read_text()
-    assert text.startswith(stopped + "\nResuming trial 1 of 3\n"), text[len(stopped) - 200:]
+    assert text.startswith(stopped + "\nResuming trial 1 of 1\n"), text[len(stopped) - 200:]
     seeds = re.findall(r"^seed (\d+)$", text, re.M)
     assert len(seeds) == 2 and seeds[0] == seeds[1], seeds
 
@@ -323,7 +323,7 @@ def test_a_launch_resumes_only_with_the_checkpoint_there(shared, stopped_checkpo
     logs.mkdir()
     (logs / "r.resume").write_text("resume_trial=1\nresume_seed=7\nused_seeds=7\nfailed=\n")
     (logs / "r_1.log").write_text("the stopped trial\n")
-    env = {**TINY_KEEP_CACHES, "DATADIR": shared["data"], "LOGDIR": str(logs), "NEXP": "3", "DATESTAMP": "r"}
+    env = {**TINY_KEEP_CACHES, "DATADIR": shared["data"], "LOGDIR": str(logs), "NEXP": "1", "DATESTAMP": "r"}
     if folder == "empty":
         (tmp_path / folder).mkdir()
     elif folder == "ended":
@@ -468,8 +468,7 @@ def test_a_link_planted_at_the_resume_states_temporary_name_is_not_followed(shar
 
 
 @pytest.mark.parametrize("planted", ["r_2.log", "r.resume", "r.lock"])
-def test_a_link_planted_at_a_name_the_launcher_writes_is_one_line_before_any_trial(
-        shared, stopped_checkpoints, tmp_path, planted):
+def test_a_link_planted_at_a_name_the_launcher_writes_is_one_line_before_any_trial(shared, tmp_path, planted):
     """A resumed launch (run.sub's requeued job: DATESTAMP is the job id) wrote the logs of the trials after the
     resumed one through links planted at their names, truncating the targets. Any symlink, folder or FIFO at a name
     the launcher writes is one line before any trial; the link's target is kept."""
@@ -480,8 +479,7 @@ def test_a_link_planted_at_a_name_the_launcher_writes_is_one_line_before_any_tri
         (logs / "r.resume").write_text("resume_trial=1\nresume_seed=7\nused_seeds=7\nfailed=\n")
     (logs / "r_1.log").write_text("the stopped trial\n")
     (logs / planted).symlink_to(victim)
-    env = {**TINY_KEEP_CACHES, "DATADIR": shared["data"], "LOGDIR": str(logs), "NEXP": "2", "DATESTAMP": "r",
-           "RN50_CHECKPOINT_DIR": str(shutil.copytree(stopped_checkpoints, tmp_path / "ckpt"))}
+    env = {**TINY_KEEP_CACHES, "DATADIR": shared["data"], "LOGDIR": str(logs), "NEXP": "2", "DATESTAMP": "r"}
     result = run(launcher("./run_with_docker.sh", env)[0], site(tmp_path, FINISHES))
     assert_one_line_naming(result, f"run_with_docker.sh: LOGDIR={logs}: {planted} there is a symlink, folder or")
     assert victim.read_text() == "kept\n" and "trial" not in result.stdout
