@@ -231,7 +231,7 @@ def score(runs):
     if len(runs) != RUNS_NEEDED:
         return None, f"no score: ResNet-50 is scored on exactly {RUNS_NEEDED} runs, got {len(runs)}"
     if len({run.division for run in runs}) > 1:
-        return None, f"no score: open-division runs are never scored with closed ones ({divisions(runs)})"
+        return None, f"no score: the runs are not of one division ({divisions(runs)})"
     mixed = mixed_runs(runs)
     if mixed:
         return None, f"no score: the runs are not of one system and batch size ({mixed})"
@@ -263,8 +263,8 @@ def listed(groups):
 
 
 def divisions(runs):
-    """The runs by submission_division, as 'open: a, b; closed: c'."""
-    return listed(grouped(runs, lambda run: str(run.division)))
+    """The runs by submission_division, as 'open: a, b; closed: c' (a log without the line: 'no division line')."""
+    return listed(grouped(runs, lambda run: run.division or "no division line"))
 
 
 def repeated_seeds(runs):

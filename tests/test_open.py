@@ -341,7 +341,7 @@ def test_timing_scores_open_runs_only_among_themselves(open_run, tmp_path):
     shutil.copy(open_run[1], mixed / "result_5.txt")
     report = report_of([mixed])
     assert report["score"]["minutes"] is None
-    assert report["score"]["verdict"] == ("no score: open-division runs are never scored with closed ones (closed: "
+    assert report["score"]["verdict"] == ("no score: the runs are not of one division (closed: "
                                           "result_1.txt, result_2.txt, result_3.txt, result_4.txt; open: result_5.txt)")
 
 

@@ -271,3 +271,10 @@ def test_an_error_naming_a_path_with_a_newline_stays_on_one_line(tmp_path):
     result = subprocess.run([sys.executable, "-m", "rn50_mx.timing", str(missing)], capture_output=True, text=True,
                             env={**os.environ, **PYTHONPATH})
     assert_one_line_naming(result, f"{tmp_path}/a\\nb.log: no such file or directory")
+
+
+def test_a_log_without_a_division_line_is_called_so(tmp_path):
+    """A log with no submission_division line was reported as an open run beside closed ones."""
+    folder = edited_fixture(tmp_path, {"result_1.txt": ('"key": "submission_division"', '"key": "no_division"')})
+    verdict = report_of([folder])["score"]["verdict"]
+    assert verdict.startswith("no score: the runs are not of one division (no division line: result_1.txt; closed: ")
