@@ -21,37 +21,78 @@ die() { say_error "$@"; exit 2; }
 
 # NEXP, LOGDIR (default $1, created), DATESTAMP and CLEAR_CACHES, as the launchers' header comments describe them.
 # The logs are checked before any work: LOGDIR writable, no log of this DATESTAMP there (a log is never replaced),
-# and LOGDIR/DATESTAMP.lock held (flock) until the launcher ends, so that a second launch with the same DATESTAMP
-# stops with one line.
+# no symlink, folder or FIFO at a name the launcher writes (check_names), and LOGDIR/DATESTAMP.lock held (flock) until
+# the launcher ends, so that a second launch with the same DATESTAMP stops with one line.
 trial_settings() {
     : "${DATADIR:?set DATADIR to the folder holding train.rec/.idx and val.rec/.idx}"
     NEXP=${NEXP:-5}
     [[ "$NEXP" =~ ^[1-9][0-9]*$ ]] || die "NEXP=${NEXP}: expected a positive integer"
+    if (( NEXP > 1 )) && [[ -n "${RN50_CHECKPOINT_DIR:-}" ]]; then
+        die "NEXP=${NEXP} with RN50_CHECKPOINT_DIR=${RN50_CHECKPOINT_DIR}: the trials would share one checkpoint" \
+            "folder, and each after the first would find the first's ended run; give one folder per trial (NEXP=1)"
+    fi
     LOGDIR=${LOGDIR:-$1}
     DATESTAMP=${DATESTAMP:-$(date +%y%m%d%H%M%S%N)}
     [[ "$DATESTAMP" =~ ^[A-Za-z0-9._-]+$ ]] || die "DATESTAMP=${DATESTAMP}: expected letters, digits, '.', '_' or '-'"
     CLEAR_CACHES=${CLEAR_CACHES:-1}
     mkdir -p "$LOGDIR" 2>/dev/null || die "LOGDIR=${LOGDIR}: cannot create it"
     LOG_LOCK="${LOGDIR}/${DATESTAMP}.lock"
+    RESUME_STATE="${LOGDIR}/${DATESTAMP}.resume"
+    refuse_special "$LOG_LOCK"
+    refuse_special "$RESUME_STATE"
     { exec {log_lock_fd}>>"$LOG_LOCK"; } 2>/dev/null || die "LOGDIR=${LOGDIR}: not writable (the logs could not be kept)"
     flock -n "$log_lock_fd" || die "LOGDIR=${LOGDIR}: another launch is writing the logs of DATESTAMP=${DATESTAMP} now"
     trap 'rm -f "$LOG_LOCK"' EXIT
-    RESUME_STATE="${LOGDIR}/${DATESTAMP}.resume"
     resume_trial=0 resume_seed=0 used_seeds=" " failed=()  # the trial loop's state, unless a stopped trial resumes
     if [[ -f "$RESUME_STATE" ]]; then
         read_resume_state
-    elif compgen -G "${LOGDIR}/${DATESTAMP}_*.log" >/dev/null; then
+    elif [[ -n "$(logs_there)" ]]; then
         die "LOGDIR=${LOGDIR}: holds logs of DATESTAMP=${DATESTAMP} already; they are kept (choose another DATESTAMP)"
     fi
+    check_names
+}
+
+# The logs of DATESTAMP in LOGDIR, run together (empty when there are none): LOGDIR and DATESTAMP quoted, so that only the suffix is a pattern
+# (LOGDIR=.../run[1] names its own folder).
+logs_there() { (shopt -s nullglob; printf '%s' "$LOGDIR/$DATESTAMP"_*.log); }
+
+# Dies when $1 is there as anything but a regular file (a symlink, a folder, a FIFO): the launcher writes that name,
+# and a link planted there would send the write to its target (run.sub's DATESTAMP, the job id, is predictable).
+refuse_special() {
+    if [[ -L "$1" || ( -e "$1" && ! -f "$1" ) ]]; then
+        die "LOGDIR=${LOGDIR}: ${1##*/} there is a symlink, folder or other non-regular file; the launcher writes" \
+            "that name: remove it"
+    fi
+}
+
+# Before any trial, the logs the trials will write: the resumed trial's may be there (a regular file, appended to),
+# each later one must not be there in any form.
+check_names() {
+    local i log
+    for ((i = resume_trial > 0 ? resume_trial : 1; i <= NEXP; i++)); do
+        log="${LOGDIR}/${DATESTAMP}_${i}.log"
+        refuse_special "$log"
+        if (( i != resume_trial )) && [[ -e "$log" ]]; then
+            die "LOGDIR=${LOGDIR}: ${log##*/} is there already, though its trial is still to run; it is kept"
+        fi
+    done
+}
+
+# Creates trial log $1, empty, failing when anything is at that name (noclobber: O_EXCL, which no symlink passes).
+create_log() {
+    ( set -o noclobber; : >"$1" ) 2>/dev/null || die "LOGDIR=${LOGDIR}: cannot create ${1##*/} (it appeared, or" \
+        "LOGDIR is not writable); no further trial runs"
 }
 
 # Trial $1 (seed $2) stopped resumable: what the next launch needs to resume it (the trial loop's own variables), as
 # data: read_resume_state takes these four lines of numbers and nothing else.
 stopped_resumable() {
-    local seeds
+    local seeds tmp
     read -r -a seeds <<<"$used_seeds"
-    if ! { printf 'resume_trial=%d\nresume_seed=%d\nused_seeds=%s\nfailed=%s\n' "$1" "$2" "${seeds[*]}" \
-               "${failed[*]}" >"${RESUME_STATE}.tmp" && mv "${RESUME_STATE}.tmp" "$RESUME_STATE"; } 2>/dev/null; then
+    # mktemp creates its name exclusively (O_EXCL): no planted link at a fixed temporary name is followed.
+    if ! { tmp=$(mktemp "${RESUME_STATE}.XXXXXX") && printf 'resume_trial=%d\nresume_seed=%d\nused_seeds=%s\nfailed=%s\n' \
+               "$1" "$2" "${seeds[*]}" "${failed[*]}" >"$tmp" && mv -T "$tmp" "$RESUME_STATE"; } 2>/dev/null; then
+        rm -f "${tmp:-}"
         say_error "cannot write ${RESUME_STATE}: a later launch starts the trials anew"
     fi
 }
@@ -68,8 +109,8 @@ read_resume_state() {
             resume_trial|resume_seed) [[ "$line" == *=* && "$value" =~ ^[0-9]{1,10}$ ]] ;;
             used_seeds|failed) [[ "$line" == *=* && "$value" =~ ^[0-9\ ]*$ ]] ;;
             *) false ;;
-        esac || die "${RESUME_STATE}: line ${n} is not the launcher's state (${line:0:60}); remove the file to start" \
-            "the trials anew"
+        esac || die "${RESUME_STATE}: line ${n} is not the launcher's state ($(shown "${line:0:60}")); remove the" \
+            "file to start the trials anew"
         case "$key" in
             resume_trial) resume_trial=$((10#$value)) ;;
             resume_seed) resume_seed=$((10#$value)) ;;
@@ -81,6 +122,9 @@ read_resume_state() {
         die "${RESUME_STATE}: resumes trial ${resume_trial}, not one of NEXP=${NEXP}; remove the file to start the" \
             "trials anew"
 }
+
+# $1 with a carriage return (a Windows line end, invisible on a terminal) shown as \r.
+shown() { echo "${1//$'\r'/\\r}"; }
 
 # Sources $1's fragments, config/<SYSTEM>_tuned.sh (`python -m rn50_mx.tune` writes it) then
 # config/<SYSTEM>_hparams.sh (`python -m rn50_mx.search`), those there are, as if they came right after the config: a
@@ -149,11 +193,10 @@ clear_caches() {
 # Trial $1 with seed $2, its output in its log; the status is run_and_time.sh's (75: stopped, resumable), or 74 when
 # its log could not be written in full (a full LOGDIR: the trial runs on, its output still reaching the terminal, and
 # one line says which file and why once it has ended). A resumed trial's output is appended to its log, on a line of
-# its own if the stopped one was cut mid-line.
+# its own if the stopped one was cut mid-line. The log is there already (run_trials creates it): tee appends.
 one_trial() {
-    local log=${logs[-1]} tee_flags=() begin="Beginning" tee_errors statuses
+    local log=${logs[-1]} begin="Beginning" tee_errors statuses
     if (( $1 == resume_trial )); then
-        tee_flags=(-a)
         begin="Resuming"
         [[ ! -s "$log" || -z "$(tail -c 1 "$log")" ]] || echo >>"$log"
     fi
@@ -165,7 +208,7 @@ one_trial() {
             if clear_caches; then export CACHE_CLEARED=1; else export CACHE_CLEARED=0; fi
             export SEED="$2"
             run_trial
-        ) |& tee "${tee_flags[@]}" "$log" 2>"$tee_errors"
+        ) |& tee -a "$log" 2>"$tee_errors"
         statuses=("${PIPESTATUS[@]}")
     } || true
     if (( statuses[1] != 0 )); then
@@ -221,7 +264,14 @@ run_trials() {
         logs+=("${LOGDIR}/${DATESTAMP}_${i}.log")
         seen_logs+=("${LOGS_SEEN_AS}/${DATESTAMP}_${i}.log")
         if (( i < resume_trial )); then continue; fi  # done by the launch that stopped
-        if (( i == resume_trial )); then seed=$resume_seed; else seed=$(pick_seed "$i" "$used_seeds"); fi
+        refuse_special "${logs[-1]}"
+        if (( i == resume_trial )); then
+            seed=$resume_seed
+            [[ -e "${logs[-1]}" ]] || create_log "${logs[-1]}"
+        else
+            seed=$(pick_seed "$i" "$used_seeds")
+            create_log "${logs[-1]}"
+        fi
         [[ "$used_seeds" == *" $seed "* ]] || used_seeds+="$seed "
         trial_status=0
         run_in_group one_trial "$i" "$seed" || trial_status=$?

@@ -57,6 +57,28 @@ def stop_group(pgid, grace=10.0):
         pass
 
 
+def started_at(pid):
+    """The start time of process `pid` (clock ticks after boot: /proc/PID/stat field 22, proc(5)), or None when there
+    is none: with the pid, what tells the process from a later one given the same pid (pid_max is often 32768)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    except OSError:
+        return None
+    return int(fields[19])
+
+
+def stop_recorded_group(pgid, started):
+    """stop_group for a group recorded earlier (by a driver since killed): only when its leader is still the recorded
+    process (the same start time), or gone while members remain (the kernel reuses no pid while its group lives).
+    False when the pid now names another process, which is left alone."""
+    now = started_at(pgid)
+    if now is not None and now != started:
+        return False
+    stop_group(pgid)
+    return True
+
+
 def alive(pgid):
     try:
         os.killpg(pgid, 0)

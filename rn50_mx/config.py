@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -20,6 +21,7 @@ from .errors import InputError
 # 2048 pixels (84 times the reference's 224x224 in every activation) is a typo, not a recipe.
 MAX_BATCH = 16384
 MAX_IMAGE_SIDE = 2048
+SYSTEM_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"  # a DGXSYSTEM: it names config/<SYSTEM>.sh and the fragments beside it
 MIN_PROG_SIDE = 16  # a progressive-resizing start side: each stride-2 layer rounds up, so 16 px leave 1x1 at stage 4
 
 
@@ -325,7 +327,7 @@ REFERENCE_ONLY_ENV = {
 # each with the settings logged along with it; a lever is on when its value is not the default, or not one of the
 # values CLOSED_VALUES lists (training_rules.adoc's hyperparameter table: label smoothing 0 or 0.1, which no checker
 # verifies: it is not logged in the closed division). docs/open-division.md.
-OPEN_LEVERS = {"val_resize": (), "val_crop": (), "eval_flip": (), "ema_decay": ("ema_every",), "mom_schedule": (),
+OPEN_LEVERS = {"val_resize": (), "val_crop": (), "eval_flip": (), "eval_last_epoch": (), "ema_decay": ("ema_every",), "mom_schedule": (),
                "prog_start_side": ("prog_start_epoch", "prog_end_epoch", "prog_step"), "label_smoothing": (),
                "batch_schedule": ()}
 CLOSED_VALUES = {"label_smoothing": (0.0, 0.1)}
@@ -343,7 +345,7 @@ def open_levers(s):
 def momentum_points(text):
     """[(epoch, momentum), ...] parsed from EPOCH:MOMENTUM,...; ValueError says what is wrong in a few words."""
     points = []
-    if not text.strip():
+    if not text:  # a blank one is no schedule, but would turn the lever on (open_levers): refused as malformed
         return points
     for item in (part.strip() for part in text.split(",")):
         epoch, sep, momentum = item.partition(":")
@@ -459,6 +461,16 @@ def check_fields(s, src=flag_name):
         _check(f, getattr(s, f.name), src(f.name))
 
 
+def check_image_shape(s, src=flag_name):
+    """C,H,W with C 3 or 4 and sides ResNet-50 can halve 5 times (a checkpoint's recorded settings too)."""
+    chw = s.image_shape.split(",") if isinstance(s.image_shape, str) else []
+    if len(chw) != 3 or not all(v.isdecimal() and int(v) > 0 for v in chw) or int(chw[0]) not in (3, 4):
+        raise SettingsError(f"{src('image_shape')}={s.image_shape!r}: expected C,H,W with C 3 or 4")
+    if not all(32 <= int(side) <= MAX_IMAGE_SIDE for side in chw[1:]):
+        raise SettingsError(f"{src('image_shape')}={s.image_shape!r}: H and W must be 32 to {MAX_IMAGE_SIDE} "
+                            "(ResNet-50 halves the side 5 times)")
+
+
 def validate(s, origins=None):
     """Each field's range, then the checks across fields. origins (resolve's) lets a message name the environment
     variable a bad value came from rather than its flag."""
@@ -470,12 +482,7 @@ def validate(s, origins=None):
         return flag_name(name) if origin == "flag" else origin
 
     check_fields(s, src)
-    chw = s.image_shape.split(",")
-    if len(chw) != 3 or not all(v.isdigit() and int(v) > 0 for v in chw) or int(chw[0]) not in (3, 4):
-        raise SettingsError(f"{src('image_shape')}={s.image_shape!r}: expected C,H,W with C 3 or 4")
-    if not all(32 <= int(side) <= MAX_IMAGE_SIDE for side in chw[1:]):
-        raise SettingsError(f"{src('image_shape')}={s.image_shape!r}: H and W must be 32 to {MAX_IMAGE_SIDE} "
-                            "(ResNet-50 halves the side 5 times)")
+    check_image_shape(s, src)
     if s.min_random_area > s.max_random_area:
         raise SettingsError(f"{src('min_random_area')} is larger than {src('max_random_area')}")
     if s.min_random_aspect_ratio > s.max_random_aspect_ratio:
@@ -520,6 +527,9 @@ def validate(s, origins=None):
     if origins.get("omp_num_threads") == "flag":
         raise SettingsError("--omp-num-threads: MXNet reads OMP_NUM_THREADS when it loads, before any flag is "
                             "parsed: set the variable instead")
+    if not re.fullmatch(SYSTEM_NAME, s.dgxsystem):
+        raise SettingsError(f"{src('dgxsystem')}={s.dgxsystem!r}: a system name is letters, digits, '.', '_' and '-' "
+                            "(it names config/<SYSTEM>.sh and the fragments the tools write beside it)")
     if s.checkpoint_every and not s.checkpoint_dir:
         raise SettingsError(f"{src('checkpoint_every')}={s.checkpoint_every}: needs {src('checkpoint_dir')}")
     if s.world_size > 1 and s.kv_store != "horovod":

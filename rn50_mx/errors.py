@@ -10,6 +10,12 @@ class InputError(Exception):
     """Bad input from the user: the message names the file (or setting) and the problem, on one line."""
 
 
+def printable(text):
+    """`text` on one line whatever it holds: a newline, a CR or another control character shown escaped (a path or
+    value with one printed raw would break the line, or hide in it)."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
 def run_cli(main, prog):
     """Run `main()`; an InputError or Ctrl-C ends the process with one line and a non-zero code. After a failure
     the process ends at once (its `finally` blocks have run): a worker thread blocked in a read (a FIFO, a hung
@@ -17,7 +23,7 @@ def run_cli(main, prog):
     try:
         code = main()
     except InputError as err:
-        quit_now(f"{prog}: error: {err}", 2)
+        quit_now(printable(f"{prog}: error: {err}"), 2)
     except KeyboardInterrupt:
         stopped = children.stop_all()
         quit_now(f"{prog}: interrupted" + (f"; its {stopped} child process group(s) stopped" if stopped else ""), 130)

@@ -12,7 +12,10 @@ The files are read by the checkpoint package, beside their writers.
 import os
 import sys
 
+import mxnet as mx
+
 from . import checkpoint, config, data, dist
+from .checkpoint.disk import first_line
 from .errors import InputError, run_cli
 from .train import accuracy, flip_axis, network
 
@@ -65,7 +68,11 @@ def main():
     with ctx:
         net = checkpoint.load_model(path, s, ctx) if path else from_checkpoint(s, s.checkpoint_dir, ctx)
         val_it = data.dali_iter(s, False, d.rank, d.size, 0, ctx).open()  # val reads in order: the seed draws nothing
-        top1, top5, n = accuracy(net, val_it, d, flip_axis(s))
+        try:
+            top1, top5, n = accuracy(net, val_it, d, flip_axis(s))
+        except mx.base.MXNetError as err:  # a saved symbol's graph runs first here (imports() only parses it)
+            raise InputError(f"{'--model ' + path if path else '--checkpoint-dir ' + s.checkpoint_dir}: the model "
+                             f"fails on this data ({first_line(err)})") from None
     if d.rank == 0:
         print(f"top-1 {top1!r}, top-5 {top5!r} ({n} images)", flush=True)
     return 0

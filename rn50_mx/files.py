@@ -116,6 +116,14 @@ def refuse_existing(path, force, what="output"):
         raise InputError(f"{path}: exists; the {what} there is kept (give --force to replace it)")
 
 
+def refuse_special(path, what="output"):
+    """An existing `path` that is not a regular file (a folder, a symlink, a FIFO) is one line: checked before the
+    work, as the rename at its end would fail on a folder and replace a link another file's owner planted."""
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            raise InputError(f"{path}: exists and is not a regular file; the {what} is not written there")
+
+
 def write_atomically(path, text, what="", force=True):
     """Write `text` under a temporary name, then rename it to `path`, owning `path` meanwhile: a reader sees the
     old file or the whole new one. An existing `path` is kept unless `force`. A failure is an InputError naming

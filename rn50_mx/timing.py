@@ -39,6 +39,14 @@ from .errors import InputError, run_cli
 # installed RCP checker computes the factor for every ruleset, so older rulesets must not apply it.
 NORMALIZED_FROM = "2.1.0"
 RESUMED = "resumed from a checkpoint"  # a Run's status when its log holds resumed_from
+# The log values the compliance checker builds a rule file's path from before it execs the file's BEGIN CODE
+# (mlp_compliance.py:281 joins, :172 execs; every line of the key, as opt_name's POST runs on each): common.yaml:44
+# enqueues '{submission_division}_common.yaml', training_0.6.0/common.yaml:44 '{submission_benchmark}.yaml',
+# closed_common.yaml:6 and open_common.yaml:6 'closed_{submission_benchmark}.yaml', closed_resnet.yaml:11
+# 'closed_resnet_{opt_name}.yaml' (training_1.0.0; the other rulesets' files alike). A log is read by no checker
+# unless each of these is one of the values below: the checker's own files, never one a log names.
+RULE_FILE_VALUES = {"submission_division": ("closed", "open"), "submission_benchmark": (BENCHMARK,),
+                    "opt_name": ("lars", "sgd")}
 
 
 @dataclass
@@ -109,12 +117,24 @@ def images_per_second(key, value, meta, epoch):
     return None, None
 
 
-def read_run(path, ruleset):
-    """One run's figures from its MLLOG lines, up to the first run_stop."""
+def parse_log(path, ruleset):
+    """(MLLOG lines, unparsed lines) of the log, each value the checker names a rule file by checked."""
     try:
         lines, unparsed = parse_file(path, ruleset=ruleset)
     except (KeyError, TypeError) as err:  # the parser gives up on JSON without key or time_ms
         raise InputError(f"{path}: malformed MLLOG line ({type(err).__name__}: {err})") from None
+    for line in lines:
+        allowed = RULE_FILE_VALUES.get(line.key)
+        value = line.value.get("value") if isinstance(line.value, dict) else None  # v['value'] in the rules' POSTs
+        if allowed and value not in allowed:
+            raise InputError(f"{path}: {line.key} {value!r} is not {' or '.join(allowed)} (the compliance checker "
+                             "would run the rule file it names)")
+    return lines, unparsed
+
+
+def read_run(path, ruleset):
+    """One run's figures from its MLLOG lines, up to the first run_stop."""
+    lines, unparsed = parse_log(path, ruleset)
     if not lines:
         raise InputError(f"{path}: no :::MLLOG lines")
     starts = sum(line.key == "run_start" for line in lines)
@@ -177,11 +197,20 @@ def summarize_complaints(complaints):
 
 
 def check_compliance(path, ruleset):
-    """The official compliance checker, in-process: ("SUCCESS", "") or ("FAILED", the reason on one line)."""
+    """The official compliance checker, in-process: ("SUCCESS", "") or ("FAILED", the reason on one line). It checks
+    the lines read and checked here (its check_file, mlp_compliance.py:291-307, parses the file again: a log rewritten
+    in between would escape the check of RULE_FILE_VALUES)."""
+    try:
+        lines, unparsed = parse_log(path, ruleset)
+    except InputError as err:
+        return "FAILED", str(err)
     checker = mlp_compliance.make_checker(USAGE, ruleset, quiet=True, werror=False)
     try:
         with checkers_muted():
-            valid, *_ = mlp_compliance.main(path, f"{USAGE}_{ruleset}/common.yaml", checker)
+            if unparsed:
+                checker.put_message("Log lines had parsing errors.")
+            checker.check_loglines(lines, f"{USAGE}_{ruleset}/common.yaml")
+            valid = not checker.has_messages()
     except Exception as err:  # some malformed values crash its rules, e.g. an eval_accuracy of null
         mlp_compliance.enqueued_configs.clear()  # its module-level queue of rule files, left half-consumed
         return "FAILED", f"the checker crashed: {type(err).__name__}: {err}"
@@ -202,10 +231,13 @@ def score(runs):
     if len(runs) != RUNS_NEEDED:
         return None, f"no score: ResNet-50 is scored on exactly {RUNS_NEEDED} runs, got {len(runs)}"
     if len({run.division for run in runs}) > 1:
-        return None, f"no score: open-division runs are never scored with closed ones ({divisions(runs)})"
+        return None, f"no score: the runs are not of one division ({divisions(runs)})"
     mixed = mixed_runs(runs)
     if mixed:
         return None, f"no score: the runs are not of one system and batch size ({mixed})"
+    repeated = repeated_seeds(runs)
+    if repeated:
+        return None, f"no score: each run needs a seed of its own ({repeated})"
     dropped = [run for run in runs if not run.counted]
     why = "; ".join(f"{os.path.basename(run.path)}: {drop_reason(run)}" for run in dropped)
     if len(dropped) > MAX_DROPPED:
@@ -217,12 +249,29 @@ def score(runs):
     return minutes, "valid: olympic mean (fastest and slowest dropped)"
 
 
-def divisions(runs):
-    """The runs by submission_division, as 'open: a, b; closed: c'."""
+def grouped(runs, key):
+    """{key(run): [file names]} of the runs."""
     groups = {}
     for run in runs:
-        groups.setdefault(str(run.division), []).append(os.path.basename(run.path))
+        groups.setdefault(key(run), []).append(os.path.basename(run.path))
+    return groups
+
+
+def listed(groups):
+    """Groups of runs as 'key: a, b; key: c'."""
     return "; ".join(f"{key}: {', '.join(names)}" for key, names in groups.items())
+
+
+def divisions(runs):
+    """The runs by submission_division, as 'open: a, b; closed: c' (a log without the line: 'no division line')."""
+    return listed(grouped(runs, lambda run: run.division or "no division line"))
+
+
+def repeated_seeds(runs):
+    """'' when no two runs logged one seed; else those runs by seed, as 'seed 7: a, b'. The package checker refuses
+    two runs logging one seed from one source line (seed_checker.py:102-115), as every rn50_mx run does."""
+    groups = grouped(runs, lambda run: f"seed {run.seed}")
+    return listed({key: names for key, names in groups.items() if len(names) > 1})
 
 
 def division_of(runs):
@@ -233,12 +282,8 @@ def division_of(runs):
 
 def mixed_runs(runs):
     """'' when every run has the same platform and global batch size; else the groups, as 'platform batch N: a, b'."""
-    groups = {}
-    for run in runs:
-        groups.setdefault(f"{run.platform} batch {run.batch_size}", []).append(os.path.basename(run.path))
-    if len(groups) == 1:
-        return ""
-    return "; ".join(f"{key}: {', '.join(names)}" for key, names in groups.items())
+    groups = grouped(runs, lambda run: f"{run.platform} batch {run.batch_size}")
+    return "" if len(groups) == 1 else listed(groups)
 
 
 def check_rcp(runs, ruleset):

@@ -291,6 +291,8 @@ def parts(s, ctx, steps, new_trainer, hybridize=True):
 def train_on(s, d, ctx, base_seed, seed, saver):
     """Build, warm up, run_start, train and evaluate on `ctx`; returns the run_stop status."""
     steps = data.steps_per_epoch(s, d.size)  # the ImageNet configs' NUMEXAMPLES: no data file read
+    if saver:
+        saver.check_fits(steps)
     net, loss_fn, trainer = parts(s, ctx, steps, d.trainer)
     for name, param in net.collect_params().items():  # the 161 tensors rulesets 1.1-2.1 require by name
         if param.grad_req != "null":

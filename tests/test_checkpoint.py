@@ -230,7 +230,7 @@ def forge(folder, name, edit):
     if name == "meta.json":
         meta = edit(meta)
     else:
-        payload = edit(open(path, "rb").read())
+        payload = edit(open(path, "rb").read() if os.path.exists(path) else b"")
         with open(path, "wb") as f:
             f.write(payload)
         meta["files"][name] = [len(payload), files.crc32(path)]
@@ -273,6 +273,15 @@ def arrays_edit(edit):
         os.remove(path)
         return out
     return content
+
+
+def array_file(arrays):
+    """The content of an mx.nd.save file of `arrays`."""
+    path = f"/tmp/forge-{os.getpid()}"
+    mx.nd.save(path, arrays)
+    out = open(path, "rb").read()
+    os.remove(path)
+    return out
 
 
 def first_dropped(arrays):
@@ -323,6 +332,32 @@ FORGED = [  # issue 28 item 5: (name, file, edit, what the refusal says)
     ("rank numpy state cut", "rank0.json", json_edit(with_value(["MT19937", [1]], "numpy_random")),
      "numpy_random is not NumPy's generator state"),
     ("rank state not JSON", "rank0.json", lambda payload: b"{" + payload, "rank0.json does not load"),
+    # issue 33 items 11 and 19: fields unbounded or unread
+    ("meta world 10^9", "meta.json", with_value(10**9, "world"), "meta.json: world is 1000000000, but its files are "
+     "those of ranks [0]"),
+    ("meta epoch past the run", "meta.json", with_value(10**6, "epoch"), "meta.json: epoch 1000000 is past the run's "
+     "last epoch"),
+    ("meta image shape not C,H,W", "meta.json", with_value("3,x,32", "settings", "image_shape"),
+     "its settings are not this version's (--image-shape='3,x,32': expected C,H,W"),
+    ("rank position epoch not meta's", "rank0.json", json_edit(with_value(10**6, "position", "epoch")),
+     "rank0.json: position epoch 1000000 step 2 is not meta.json's epoch 1 step 2"),
+    ("rank position loss NaN", "rank0.json", json_edit(with_value(float("nan"), "position", "loss")),
+     "rank0.json: position first 1 or loss nan is not a run's"),
+    ("rank position with an unknown field", "rank0.json", json_edit(with_value(1, "position", "extra")),
+     "rank0.json's position holds 'extra', an unknown field"),
+    ("rank position images past its steps", "rank0.json", json_edit(with_value(10**9, "position", "images")),
+     "rank0.json: position images 1000000000 above step 2 x batch"),
+    ("rank train iterator past the step", "rank0.json", json_edit(with_value(10**6, "iters", "train", "position")),
+     "rank0.json's train iterator: position 1000000 is not the step, 2"),
+    ("rank skipped records not keys", "rank0.json", json_edit(with_value(["x"], "iters", "train", "skipped")),
+     "rank0.json's train iterator: skipped is not a list of record keys"),
+    ("rank python state out of range", "rank0.json", json_edit(with_value([3, [2**40] * 625, None], "python_random")),
+     "python_random is not Python's generator state"),
+    ("rank numpy position past its words", "rank0.json",
+     json_edit(with_value(["MT19937", [1] * 624, 10**6, 0, 0.0], "numpy_random")),
+     "numpy_random is not NumPy's generator state"),
+    ("a listed EMA of another model", "rank0.ema", lambda _: array_file({"x": mx.nd.zeros((2,))}),
+     "rank0.ema holds 'x', which the model has not"),
 ]
 
 
@@ -595,6 +630,7 @@ def test_evaluate_refuses_settings_the_model_was_not_trained_with(recs, two_chec
     (None, "model-settings.json (python -m rn50_mx.train --save-model"),
     ("[1]", "not a settings object"),
     ("{", "model-settings.json: cannot read ("),
+    ("{}", "--image-shape: the model's settings do not record it"),  # issue 33 item 20: the check was skipped
 ])
 def test_evaluate_refuses_a_model_without_its_settings(recs, tmp_path_factory, tmp_path, content, why):
     prefix = str(tmp_path / "model")
@@ -671,3 +707,24 @@ def test_a_bfloat16_run_stopped_mid_epoch_resumes_exactly(recs, tmp_path):
     assert_same_params(str(tmp_path / "resumed"), str(tmp_path / "whole"))
     ours, theirs = epoch_lines(text), epoch_lines(reference)
     assert sorted(ours) == [2] and ours[2] == theirs[2] and "top-1" in ours[2], (ours, theirs)
+
+
+def test_a_weight_ema_meta_json_does_not_list_decides_nothing(two_checkpoints, tmp_path):
+    """An unlisted rank0.ema (no size or CRC-32 in meta.json) decided which weights `evaluate --checkpoint-dir`
+    judged: model_arrays took any file of that name."""
+    folder = os.path.join(str(copy_of(two_checkpoints, tmp_path)), f"step-{STEPS + 2}")
+    before = checkpoint.model_arrays(folder)
+    mx.nd.save(os.path.join(folder, "rank0.ema"), {name: a.zeros_like() for name, a in before.items()})
+    after = checkpoint.model_arrays(folder)
+    assert all((after[name] == before[name]).min().asscalar() for name in before)
+
+
+def test_a_forged_update_count_is_refused_before_run_start(recs, two_checkpoints, tmp_path):
+    """trainer.json's num_update 10^30 with its CRC made to match resumed at the end learning rate; now one line
+    before run_start (the position's bounds that need the run's data are checked there)."""
+    folder = str(copy_of(two_checkpoints, tmp_path))
+    for step in (STEPS, STEPS + 2):
+        forge(os.path.join(folder, f"step-{step}"), "trainer.json", json_edit(with_value(10**30, "num_update")))
+    result = train_refused(recs, folder, f"step-{STEPS + 2}: position epoch 1 step 2 (its reader at 2) with "
+                                         f"{10**30} updates does not fit this run's {STEPS} steps per epoch")
+    assert "run_start" not in result.stdout

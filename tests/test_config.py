@@ -4,6 +4,7 @@ configs too: validation needs no GPU); an export after sourcing overrides the co
 environment alike."""
 import glob
 import os
+import re
 import sys
 
 import pytest
@@ -183,3 +184,36 @@ def test_train_refuses_bfloat16_in_one_line_and_its_help_names_it():
     assert_one_line_naming(result, "--dtype=bfloat16: the CPU's low precision; on the GPU use float16")
     help_text = run_train(["--help"], {}).stdout
     assert "bfloat16" in help_text and "avx512_bf16" in help_text
+
+
+@pytest.mark.parametrize("name", ["../x", "CPU\ntouch x", "a b"])
+def test_a_system_name_is_a_file_name(name):
+    """DGXSYSTEM names config/<SYSTEM>.sh and the fragments the tuner and the search write beside it: the recipe's
+    rule for a config name holds for every tool (a newline became a shell line in the search's fragment)."""
+    from rn50_mx import config
+    from rn50_mx.config import SettingsError
+
+    with pytest.raises(SettingsError, match=r"^DGXSYSTEM=.*: a system name is letters, digits"):
+        config.load([], {"DGXSYSTEM": name})
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"RN50_EVAL_LAST_EPOCH": "1"}, "RN50_EVAL_LAST_EPOCH=True: an open-division lever"),  # an off-schedule eval
+    ({"RN50_MOM_SCHEDULE": "  ", "SUBMISSION_DIVISION": "open"}, "RN50_MOM_SCHEDULE='  ': '' is not EPOCH:MOMENTUM"),
+])
+def test_a_lever_is_on_only_with_a_value_and_in_the_open_division(env, says):
+    """A blank momentum schedule turned the lever on (the run logged open) with no schedule; a closed run with an
+    eval at the last epoch, off the MLPerf schedule, converged there and was logged closed."""
+    from rn50_mx import config
+
+    with pytest.raises(config.SettingsError, match=re.escape(says)):
+        config.load([], env)
+
+
+def test_the_recipe_never_names_a_config_like_a_fragment(tmp_path):
+    """recipe --system CPU_hparams wrote a GPU config at config/CPU_hparams.sh, which CPU launches source as the
+    search's fragment."""
+    result = run([sys.executable, "-m", "rn50_mx.recipe", "--nodes", "1", "--gpus-per-node", "8", "--system", "CPU_hparams",
+                  "--config-dir", str(tmp_path)])
+    assert_one_line_naming(result, "--system CPU_hparams: config/<SYSTEM>_tuned and _hparams.sh are the fragments")
+    assert os.listdir(tmp_path) == []

@@ -97,8 +97,8 @@ def test_a_tiny_search_finds_the_better_set_and_writes_a_fragment_the_check_acce
     assert table["trial 1"].split()[2:6] == ["1.00", "1", "1", "2/2"]
     # the official checker ran on each finalist log: the tiny set's top-1 is far below the target it checks
     assert result.stdout.count("compliance checker: 0/2 SUCCESS (Failed checks for eval_accuracy") == 2
-    seeds = {name for name in os.listdir(tmp_path / "res" / "finals" / "trial-1")} | {
-        name for name in os.listdir(tmp_path / "res" / "finals" / "sourced")}
+    seeds = {name for name in os.listdir(tmp_path / "res" / "CPU.finals" / "1" / "trial-1")} | {
+        name for name in os.listdir(tmp_path / "res" / "CPU.finals" / "1" / "sourced")}
     assert {s for s in seeds if s.endswith(".log")} == {f"seed{k}.log" for k in final_seeds("CPU", 2)}
     fragment = tmp_path / "cfg" / "CPU_hparams.sh"
     assert fragment.read_text().splitlines()[-1] == "export EVAL_OFFSET=0"
@@ -139,7 +139,7 @@ def test_a_diverging_trial_is_stopped_at_once_and_leaves_no_process(tiny_data, t
     assert result.stdout.splitlines()[0].endswith("-> PRUNED (diverged)")
     [trial] = study_trials(tmp_path)
     assert trial.state.name == "PRUNED" and trial.user_attrs["why"] == "diverged"
-    assert "epoch 3:" not in (tmp_path / "res" / "trials" / "0000" / "seed100000.out").read_text()
+    assert "epoch 3:" not in (tmp_path / "res" / "CPU.trials" / "0000" / "seed100000.out").read_text()
     assert leftovers(tmp_path) == []
 
 
@@ -155,7 +155,7 @@ def test_a_killed_driver_resumes_its_study_without_losing_or_repeating_a_trial(t
                                                  "--finalists", "0"), env=env, cwd=ROOT, stdout=f,
                                   stderr=subprocess.STDOUT, start_new_session=True)
     wait_for(driver, out, "trial   0 ")
-    wait_for(driver, tmp_path / "res" / "trials" / "0001" / "seed100016.out", "epoch 1:")
+    wait_for(driver, tmp_path / "res" / "CPU.trials" / "0001" / "seed100016.out", "epoch 1:")
     driver.send_signal(signal.SIGKILL)
     driver.wait()
     orphans = leftovers(tmp_path)
@@ -179,7 +179,7 @@ def test_sigterm_to_the_driver_ends_its_trials_and_says_how_to_continue(tiny_dat
         driver = subprocess.Popen(search_command(tmp_path, "--knob", "EVAL_OFFSET=0:1", "--trials", "2"),
                                   env=environ(tiny_data), cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
                                   start_new_session=True)
-    wait_for(driver, tmp_path / "res" / "trials" / "0000" / "seed100000.out", "epoch 1:")
+    wait_for(driver, tmp_path / "res" / "CPU.trials" / "0000" / "seed100000.out", "epoch 1:")
     driver.send_signal(signal.SIGTERM)
     assert driver.wait(timeout=60) == 143
     assert out.read_text().strip().splitlines()[-1] == ("search: stopped; every trial's processes ended; the same "
@@ -208,8 +208,10 @@ def test_a_second_driver_on_the_study_is_refused_in_one_line(tiny_data, tmp_path
     (["--knob", "LR=nan:1"], {}, "--knob LR=nan:1: LOW:HIGH must be finite numbers"),
     (["--knob", "NOPE=1:2"], {}, "--knob NOPE=1:2: NOPE is not a setting rn50_mx reads"),
     (["--knob", "LR=1:2"], {"LR": "4"}, "LR=4.0: the sourced value is outside --knob LR=1:2"),
-    (["--trials", "0"], {}, "--trials 0: must be at least 1"),
-    (["--final-seeds", "0"], {}, "--final-seeds 0: must be at least 1"),
+    (["--trials", "0"], {}, "--trials 0: must be 1 to 10000"),
+    (["--final-seeds", "0"], {}, "--final-seeds 0: must be 1 to 16"),
+    (["--seeds-per-trial", "1000000000"], {}, "--seeds-per-trial 1000000000: must be 1 to 16"),
+    (["--knob", "WD=0:1e-3"], {}, "--knob WD=0:1e-3: the closed rules allow WD = 1e-4 x 2^N only: LOW must be above 0"),
     (["--hours", "0"], {}, "--hours must be > 0"),
     (["--storage", "sqlite:////proc/no/such.db"], {}, "--storage sqlite:////proc/no/such.db: cannot write (No such"),
     (["--storage", "mysql://nobody@127.0.0.1:1/x"], {}, "--storage mysql://nobody@127.0.0.1:1/x: cannot open the study"),
@@ -218,6 +220,15 @@ def test_a_second_driver_on_the_study_is_refused_in_one_line(tiny_data, tmp_path
     (["--launcher", "ssh"], {}, "argument --launcher: invalid choice: 'ssh'"),
     (["--study", "../x"], {}, "--study '../x': letters, digits, '.', '_' and '-' only"),
     (["--out", "/proc/x"], {}, "/proc/x: cannot create"),
+    (["--mode", "open", "--knob", "ACCURACY_THRESHOLD=0.1:0.9", "--dry-run"], {},
+     "--knob ACCURACY_THRESHOLD=0.1:0.9: ACCURACY_THRESHOLD is the target, which the search measures by"),
+    (["--mode", "open", "--knob", "NUMEXAMPLES=12:24", "--dry-run"], {}, "NUMEXAMPLES is the data"),
+    (["--mode", "open", "--knob", "EVAL_PERIOD=1:2", "--dry-run"], {}, "EVAL_PERIOD is the eval schedule"),
+    (["--mode", "open", "--knob", "DGXNGPU=1:2", "--dry-run"], {}, "DGXNGPU is the world size"),
+    (["--launcher", "slurm"], {"PATH": f"/nonexistent{os.pathsep}{os.path.dirname(sys.executable)}"},
+     "--launcher slurm: sbatch, squeue, scancel not found on PATH"),
+    (["--study", "s", "--dry-run"], {"DGXSYSTEM": "../x"}, "DGXSYSTEM='../x': a system name is letters, digits"),
+    (["--study", "s", "--dry-run"], {"DGXSYSTEM": "CPU\ntouch x #"}, "DGXSYSTEM='CPU\\ntouch x #': a system name"),
     (["--launcher", "docker", "--data-val", "/x/v.rec"], {},
      "--launcher docker: the launchers read DATADIR/train.rec and DATADIR/val.rec, not "),
 ])
@@ -225,6 +236,15 @@ def test_bad_input_is_one_line(tiny_data, tmp_path, flags, env, says):
     result = search(tmp_path, environ(tiny_data, **env), *flags)
     assert_one_line_naming(result, says)
     assert leftovers(tmp_path) == []
+
+
+def test_the_fragment_path_is_checked_before_any_trial(tiny_data, tmp_path):
+    """A folder where the fragment goes is one line before the first trial, not after the finals (the fragment is
+    also checked and written at one path: its absolute one)."""
+    os.makedirs(tmp_path / "cfg" / "CPU_hparams.sh")
+    result = search(tmp_path, environ(tiny_data), "--trials", "1", "--final-seeds", "1")
+    assert_one_line_naming(result, f"{tmp_path / 'cfg' / 'CPU_hparams.sh'}: exists and is not a regular file")
+    assert result.stdout == "" and not (tmp_path / "res" / "CPU.trials").exists()
 
 
 @pytest.mark.slow
@@ -237,7 +257,7 @@ def test_the_docker_launcher_runs_each_trial_as_a_launch(tiny_data, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     [trial] = study_trials(tmp_path)
     assert trial.state.name == "COMPLETE" and trial.value == 2.0 and trial.params == {"EVAL_OFFSET": 1}
-    folder = tmp_path / "res" / "trials" / "0000"
+    folder = tmp_path / "res" / "CPU.trials" / "0000"
     assert trial.user_attrs["logs"] == [str(folder / "seed100000_1.log")]
     out = (folder / "seed100000.out").read_text()
     assert "run_with_docker.sh: FRAGMENTS=0: no config fragment sourced" in out and "Beginning trial 1 of 1" in out
@@ -300,3 +320,117 @@ def test_open_mode_plans_the_knobs_in_the_order_given_with_the_levers_steps(tmp_
     ema = space.parse_knob("RN50_EMA_DECAY=0:0.99", "open")
     assert space.planned({"RN50_EMA_DECAY": 0.0}, [ema], space.phases([ema], "open")[0]) == [
         {"RN50_EMA_DECAY": 0.9}, {"RN50_EMA_DECAY": 0.97}]
+
+
+@pytest.mark.slow
+def test_a_winner_that_never_reached_the_target_is_not_written(tiny_data, tmp_path):
+    """A miss counts the horizon plus 2 epochs, so among sets that all miss the shortest horizon "won": the old driver
+    wrote a fragment saying "0/1 runs converged". Nothing is written unless the winner converged on every fresh
+    seed."""
+    env = environ(tiny_data, ACCURACY_THRESHOLD="1.0")
+    result = search(tmp_path, env, "--knob", "NUMEPOCHS=2:3", "--trials", "2", "--final-seeds", "1",
+                    "--prune-share", "1")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.splitlines()[-1] == (f"search: no set reached the target on every fresh seed; "
+                                              f"{tmp_path / 'cfg' / 'CPU_hparams.sh'} not written")
+    assert not (tmp_path / "cfg" / "CPU_hparams.sh").exists()
+
+
+def test_a_trial_never_scores_a_log_it_did_not_write(tiny_data, tmp_path):
+    """Study B's trial 0 scored the log study A's trial 0 left at the same path (one --results, or the same study
+    under a new database). Each study's runs are in STUDY.trials/; a new study finding runs there is one line
+    before any trial, and a trial's folder is made new (os.mkdir) when it starts."""
+    planted = ':::MLLOG {"key": "run_stop", "value": null, "metadata": {"status": "success"}}\n'
+    for folder in ("trials", "CPU.trials"):  # the old layout's folder and the new one
+        os.makedirs(tmp_path / "res" / folder / "0000")
+        (tmp_path / "res" / folder / "0000" / "seed100000.log").write_text(planted)
+    result = search(tmp_path, environ(tiny_data), "--trials", "1", "--finalists", "0")
+    assert_one_line_naming(result, f"{tmp_path / 'res' / 'CPU.trials'}: holds runs of an earlier study 'CPU'")
+    assert result.stdout == "" and leftovers(tmp_path) == []
+
+
+def test_the_outputs_are_named_by_the_study_and_the_mode(tmp_path):
+    """An open search of a closed config replaced the closed fragment that closed launches source; a second run of
+    the finals wrote over the first's logs."""
+    from rn50_mx.search import output
+
+    assert output.fragment_name(Settings(dgxsystem="CPU"), "closed") == "CPU_hparams.sh"
+    assert output.fragment_name(Settings(dgxsystem="CPU"), "open") == "CPU_open_hparams.sh"  # config/CPU_open.sh's
+    opened = Settings(dgxsystem="CPU_open", submission_division="open")
+    assert output.fragment_name(opened, "open") == "CPU_open_hparams.sh"
+    first, second = output.finals_folder(str(tmp_path), "A"), output.finals_folder(str(tmp_path), "A")
+    assert (first, second) == (str(tmp_path / "A.finals" / "1"), str(tmp_path / "A.finals" / "2"))
+    assert output.trials_folder(str(tmp_path), "A") != output.trials_folder(str(tmp_path), "B")
+
+
+def test_a_run_the_launcher_cannot_start_is_one_line_and_costs_no_trial(tiny_data, tmp_path):
+    """sbatch failing (Slurm not configured) pruned every trial, spent the budget and ended "search: done", exit 0.
+    Now one line, exit != 0, and the trial is queued again: none finished."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    for tool, script in (("sbatch", "echo 'sbatch: error: Slurm is not configured' >&2; exit 1"), ("squeue", "exit 0"),
+                         ("scancel", "exit 0")):
+        (folder / tool).write_text(f"#!/bin/sh\n{script}\n")
+        (folder / tool).chmod(0o755)
+    env = environ(tiny_data, PATH=f"{folder}{os.pathsep}{ENV_PATH}")
+    result = search(tmp_path, env, "--launcher", "slurm", "--trials", "3", "--finalists", "0")
+    assert_one_line_naming(result, "sbatch: sbatch: error: Slurm is not configured")
+    states = [t.state.name for t in study_trials(tmp_path)]
+    assert "COMPLETE" not in states and "PRUNED" not in states and "WAITING" in states, states
+
+
+@pytest.mark.slow
+def test_a_study_continues_only_under_the_settings_it_was_started_with(tiny_data, tmp_path):
+    """A study continued under another batch size ranked runs that are not comparable, without a word."""
+    flags = ["--knob", "EVAL_OFFSET=0:1", "--finalists", "0"]
+    first = search(tmp_path, environ(tiny_data), *flags, "--trials", "1")
+    assert first.returncode == 0, first.stdout + first.stderr
+    other = search(tmp_path, environ(tiny_data, BATCHSIZE="2"), *flags, "--trials", "2")
+    assert_one_line_naming(other, "study 'CPU' in sqlite:///")
+    assert "was started with BATCHSIZE=4, not BATCHSIZE=2: its trials would not be comparable" in other.stderr
+    assert len(study_trials(tmp_path)) == 1
+
+
+def test_a_recorded_group_whose_pid_now_names_another_process_is_left_alone():
+    """The next driver ended whatever process group held a recorded id (ids are reused): an unrelated process was
+    killed. The record holds the leader's start time; another process under that pid is left alone."""
+    from rn50_mx import children
+    from rn50_mx.search import launchers
+
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        started = children.started_at(proc.pid)
+        launchers.end_recorded(["pgid", proc.pid, started + 1])  # the recorded run started at another time
+        time.sleep(0.5)
+        assert proc.poll() is None
+        launchers.end_recorded(["pgid", proc.pid, started])
+        assert proc.wait(timeout=15) == -signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.slow
+def test_a_trial_still_running_at_hours_is_stopped_and_queued_again(tiny_data, tmp_path):
+    """A hung trial (a stuck collective; here one far from its end) kept the driver waiting past --hours forever."""
+    env = environ(tiny_data, NUMEPOCHS="200", ACCURACY_THRESHOLD="1.0", LR="0.0001")  # learns nothing in 200
+    result = search(tmp_path, env, "--knob", "EVAL_OFFSET=0:1", "--trials", "1", "--finalists", "0", "--hours",
+                    "0.004", timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "search: trial 0 was still running at --hours: stopped, queued again" in result.stdout
+    states = sorted(t.state.name for t in study_trials(tmp_path))
+    assert states == ["FAIL", "WAITING"] and leftovers(tmp_path) == []
+
+
+def test_a_symlink_at_the_studys_run_folders_is_one_line(tmp_path):
+    """A link planted at RESULTS/STUDY.trials or STUDY.finals sent the runs (and the scores read back) elsewhere."""
+    from rn50_mx.search import output
+
+    (tmp_path / "elsewhere").mkdir()
+    for name in ("S.trials", "S.finals"):
+        (tmp_path / name).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(InputError, match=r"S\.trials: a symlink; the search keeps its runs in a folder of its own"):
+        output.trial_folder(str(tmp_path), "S", 0)
+    with pytest.raises(InputError, match=r"S\.finals: a symlink"):
+        output.finals_folder(str(tmp_path), "S")
+    assert os.listdir(tmp_path / "elsewhere") == []

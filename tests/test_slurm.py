@@ -200,7 +200,7 @@ def test_a_search_runs_its_trials_as_jobs_and_cancels_them_when_stopped(cluster,
                             cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr + cluster.logs()
     assert "-> COMPLETE" in result.stdout.splitlines()[0], result.stdout
-    log = tmp_path / "res" / "trials" / "0000" / "seed100000_1.log"
+    log = tmp_path / "res" / "CPU.trials" / "0000" / "seed100000_1.log"
     assert mllog(log, "run_stop") and "Beginning trial 1 of 1" in log.read_text()
 
     long = search_environ(cluster, tiny_data, NUMEPOCHS="200", ACCURACY_THRESHOLD="1.0")
@@ -208,7 +208,7 @@ def test_a_search_runs_its_trials_as_jobs_and_cancels_them_when_stopped(cluster,
     with open(out, "w") as f:
         driver = subprocess.Popen([*command, "--results", str(tmp_path / "long")], env=long, cwd=ROOT, stdout=f,
                                   stderr=subprocess.STDOUT, start_new_session=True)
-    trial_log = tmp_path / "long" / "trials" / "0000" / "seed100000_1.log"
+    trial_log = tmp_path / "long" / "CPU.trials" / "0000" / "seed100000_1.log"
     deadline = time.time() + 300
     while "epoch 1:" not in (trial_log.read_text() if trial_log.exists() else ""):
         assert driver.poll() is None and time.time() < deadline, out.read_text() + cluster.logs()

@@ -218,3 +218,63 @@ def test_a_folder_named_like_a_log_is_not_read(tmp_path):
     result = subprocess.run([sys.executable, "-m", "rn50_mx.timing", str(tmp_path)], capture_output=True, text=True,
                             env={**os.environ, **PYTHONPATH}, timeout=300)
     assert result.returncode == 0 and "run1.log" in result.stdout and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("key, ruleset, rule_file", [
+    ("submission_division", "1.0.0", "evil_common.yaml"),  # common.yaml: '{}_common.yaml'
+    ("submission_benchmark", "0.6.0", "evil.yaml"),  # training_0.6.0/common.yaml: '{}.yaml', its own log format
+    ("opt_name", "1.0.0", "")])  # closed_resnet.yaml: 'closed_resnet_{}.yaml', no way out of the folder
+def test_no_log_value_names_a_rule_file_the_checker_runs(tmp_path, key, ruleset, rule_file):
+    """The compliance checker execs the `BEGIN: CODE` of each YAML file whose path it builds from the log's
+    submission_division, submission_benchmark and opt_name (the POSTs of the rulesets' common.yaml, closed_common.yaml
+    and closed_resnet.yaml; mlp_compliance.py:281 joins, :172 execs). A log naming `../../evil` beside a planted
+    evil_common.yaml is one line naming the value, before any checker runs: in timing, and a FAILED verdict in
+    check_compliance (the search's finals)."""
+    from mlperf_logging.compliance_checker import mlp_compliance
+
+    marker = tmp_path / "ran"
+    if rule_file:
+        (tmp_path / rule_file).write_text(f"- BEGIN:\n    CODE: \"open({str(marker)!r}, 'w').write('x')\"\n")
+    rules = os.path.join(os.path.dirname(mlp_compliance.__file__), f"training_{ruleset}")
+    value = json.dumps(os.path.relpath(tmp_path / "evil", rules))
+    if ruleset == "0.6.0":
+        folder = tmp_path / "logs"
+        folder.mkdir()
+        (folder / "result_1.txt").write_text(f':::MLL 1623782025.188 {key}: {{"value": {value}}}\n')
+    else:
+        planted = {"submission_division": '"closed"', "opt_name": '"lars"'}[key]
+        folder = edited_fixture(tmp_path, {"result_1.txt": (f'"key": "{key}", "value": {planted}',
+                                                            f'"key": "{key}", "value": {value}')})
+    log = folder / "result_1.txt"
+    verdict, why = timing.check_compliance(str(log), ruleset)
+    assert not marker.exists() and verdict == "FAILED" and why.startswith(f"{log}: {key} "), why
+    result = subprocess.run([sys.executable, "-m", "rn50_mx.timing", str(folder), "--ruleset", ruleset],
+                            capture_output=True, text=True, env={**os.environ, **PYTHONPATH})
+    assert_one_line_naming(result, f"{log}: {key} ")
+    assert not marker.exists()
+
+
+def test_five_copies_of_one_run_get_no_score(tmp_path):
+    """Five copies of one run (one seed) scored valid; the package checker refuses two runs logging one seed."""
+    for k in range(1, 6):
+        shutil.copy(FIXTURE / "result_1.txt", tmp_path / f"result_{k}.txt")
+    report = report_of([tmp_path])
+    seed = report["runs"][0]["seed"]
+    assert report["score"]["minutes"] is None
+    assert report["score"]["verdict"] == (f"no score: each run needs a seed of its own (seed {seed}: result_1.txt, "
+                                          "result_2.txt, result_3.txt, result_4.txt, result_5.txt)")
+
+
+def test_an_error_naming_a_path_with_a_newline_stays_on_one_line(tmp_path):
+    """A newline in a path was printed raw, the one-line error spread over two."""
+    missing = tmp_path / "a\nb.log"
+    result = subprocess.run([sys.executable, "-m", "rn50_mx.timing", str(missing)], capture_output=True, text=True,
+                            env={**os.environ, **PYTHONPATH})
+    assert_one_line_naming(result, f"{tmp_path}/a\\nb.log: no such file or directory")
+
+
+def test_a_log_without_a_division_line_is_called_so(tmp_path):
+    """A log with no submission_division line was reported as an open run beside closed ones."""
+    folder = edited_fixture(tmp_path, {"result_1.txt": ('"key": "submission_division"', '"key": "no_division"')})
+    verdict = report_of([folder])["score"]["verdict"]
+    assert verdict.startswith("no score: the runs are not of one division (no division line: result_1.txt; closed: ")

@@ -289,8 +289,8 @@ def test_the_next_launch_resumes_the_stopped_trial_in_its_log(shared, stopped_ch
     trial 1 again with its seed (the checkpoint's), appending to r_1.log on a line of its own though the stopped
     trial's last line was cut, and a launch that stopped before the trial leaves it to resume; the old code refused
     the DATESTAMP (its logs exist)."""
-    env = {**TINY_KEEP_CACHES, "DATADIR": shared["data"], "LOGDIR": str(tmp_path / "logs"), "NEXP": "3", "DATESTAMP": "r",
-           "RN50_CHECKPOINT_DIR": str(shutil.copytree(stopped_checkpoints, tmp_path / "ckpt"))}
+    env = {**TINY_KEEP_CACHES, "DATADIR": shared["data"], "LOGDIR": str(tmp_path / "logs"), "NEXP": "1", "DATESTAMP": "r",
+           "RN50_CHECKPOINT_DIR": str(shutil.copytree(stopped_checkpoints, tmp_path / "ckpt"))}  # one trial per folder
     command, _ = launcher("./run_with_docker.sh", env)
     stub = site(tmp_path, RESUMABLE)
     assert run(command, stub).returncode == 75
@@ -303,7 +303,7 @@ def test_the_next_launch_resumes_the_stopped_trial_in_its_log(shared, stopped_ch
     assert result.returncode == 75, result.stderr[-2000:]
     assert files_in(tmp_path / "logs") == ["r.resume", "r_1.log"]
     text = log.read_text()
-    assert text.startswith(stopped + "\nResuming trial 1 of 3\n"), text[len(stopped) - 200:]
+    assert text.startswith(stopped + "\nResuming trial 1 of 1\n"), text[len(stopped) - 200:]
     seeds = re.findall(r"^seed (\d+)$", text, re.M)
     assert len(seeds) == 2 and seeds[0] == seeds[1], seeds
 
@@ -323,7 +323,7 @@ def test_a_launch_resumes_only_with_the_checkpoint_there(shared, stopped_checkpo
     logs.mkdir()
     (logs / "r.resume").write_text("resume_trial=1\nresume_seed=7\nused_seeds=7\nfailed=\n")
     (logs / "r_1.log").write_text("the stopped trial\n")
-    env = {**TINY_KEEP_CACHES, "DATADIR": shared["data"], "LOGDIR": str(logs), "NEXP": "3", "DATESTAMP": "r"}
+    env = {**TINY_KEEP_CACHES, "DATADIR": shared["data"], "LOGDIR": str(logs), "NEXP": "1", "DATESTAMP": "r"}
     if folder == "empty":
         (tmp_path / folder).mkdir()
     elif folder == "ended":
@@ -344,6 +344,7 @@ def test_a_launch_resumes_only_with_the_checkpoint_there(shared, stopped_checkpo
     ("resume_trial=$(touch {marker})\n", "line 1 is not the launcher's state (resume_trial=$(touch "),
     ("resume_trial=1\nresume_seed=7\nused_seeds=7; touch {marker}\nfailed=\n", "line 3 is not the launcher's state"),
     ("resume_trial=9\nresume_seed=7\nused_seeds=7\nfailed=\n", "resumes trial 9, not one of NEXP=3"),
+    ("resume_trial=1\r\nresume_seed=7\r\n", "line 1 is not the launcher's state (resume_trial=1\\r); remove"),
 ])
 def test_the_resume_state_is_read_as_data_never_run(shared, tmp_path, state, says):
     """LOGDIR/DATESTAMP.resume (a results folder, often shared and mounted into the container) was `source`d by the
@@ -439,3 +440,74 @@ def test_slurms_sigusr1_to_every_process_of_a_trial_stops_it_resumable(shared, t
     text = out.read_text()
     assert "run_and_time.sh: stopped, resumable (checkpoint " in text and "RESULT," not in text
     assert [name for name in files_in(folder) if name.startswith("step-")]
+
+
+# --- planted links and glob characters in LOGDIR (issue 33 items 3 and 4) -----------------------------------------
+
+# The trainer's side of a trial that ends at once: run_stop success, exit 0.
+FINISHES = """import sys
+if sys.orig_argv[1:3] == ["-m", "rn50_mx.train"]:
+    import os
+    print(f"seed {os.environ['SEED']}", flush=True)
+    os._exit(0)
+"""
+
+
+def test_a_link_planted_at_the_resume_states_temporary_name_is_not_followed(shared, tmp_path):
+    """The resume state was written to the fixed name DATESTAMP.resume.tmp, through any link planted there: the
+    link's target was overwritten with the state."""
+    logs, victim = tmp_path / "logs", tmp_path / "victim"
+    logs.mkdir()
+    victim.write_text("kept\n")
+    (logs / "r.resume.tmp").symlink_to(victim)
+    env = {**TINY_KEEP_CACHES, "DATADIR": shared["data"], "LOGDIR": str(logs), "NEXP": "2", "DATESTAMP": "r"}
+    result = run(launcher("./run_with_docker.sh", env)[0], site(tmp_path, RESUMABLE))
+    assert result.returncode == 75, result.stderr[-2000:]
+    assert victim.read_text() == "kept\n" and (logs / "r.resume").read_text().startswith("resume_trial=1\n")
+    assert not (logs / "r.resume").is_symlink()
+
+
+@pytest.mark.parametrize("planted", ["r_2.log", "r.resume", "r.lock"])
+def test_a_link_planted_at_a_name_the_launcher_writes_is_one_line_before_any_trial(shared, tmp_path, planted):
+    """A resumed launch (run.sub's requeued job: DATESTAMP is the job id) wrote the logs of the trials after the
+    resumed one through links planted at their names, truncating the targets. Any symlink, folder or FIFO at a name
+    the launcher writes is one line before any trial; the link's target is kept."""
+    logs, victim = tmp_path / "logs", tmp_path / "victim"
+    logs.mkdir()
+    victim.write_text("kept\n")
+    if planted != "r.resume":
+        (logs / "r.resume").write_text("resume_trial=1\nresume_seed=7\nused_seeds=7\nfailed=\n")
+    (logs / "r_1.log").write_text("the stopped trial\n")
+    (logs / planted).symlink_to(victim)
+    env = {**TINY_KEEP_CACHES, "DATADIR": shared["data"], "LOGDIR": str(logs), "NEXP": "2", "DATESTAMP": "r"}
+    result = run(launcher("./run_with_docker.sh", env)[0], site(tmp_path, FINISHES))
+    assert_one_line_naming(result, f"run_with_docker.sh: LOGDIR={logs}: {planted} there is a symlink, folder or")
+    assert victim.read_text() == "kept\n" and "trial" not in result.stdout
+
+
+@pytest.mark.parametrize("folder, other", [("run[1]", "run1"), ("logs*", "logsA")])
+def test_logdir_is_a_folder_name_never_a_pattern(shared, tmp_path, folder, other):
+    """LOGDIR=.../run[1] missed its own r_1.log (the pattern matched run1/) and overwrote it; LOGDIR=.../logs* refused
+    for the logs of logsA/. Only the logs' suffix is a pattern."""
+    (tmp_path / folder).mkdir()
+    (tmp_path / other).mkdir()
+    (tmp_path / other / "r_1.log").write_text("another folder's\n")
+    env = {**TINY_KEEP_CACHES, "DATADIR": shared["data"], "LOGDIR": str(tmp_path / folder), "NEXP": "1",
+           "DATESTAMP": "r"}
+    command, stub = launcher("./run_with_docker.sh", env)[0], site(tmp_path, RESUMABLE)
+    result = run(command, stub)
+    assert result.returncode == 75, result.stderr[-2000:]  # logsA/r_1.log is not this LOGDIR's
+    (tmp_path / folder / "r.resume").unlink()
+    kept = run(command, stub)
+    assert_one_line_naming(kept, f"LOGDIR={tmp_path / folder}: holds logs of DATESTAMP=r already")
+    assert (tmp_path / other / "r_1.log").read_text() == "another folder's\n"
+
+
+def test_several_trials_on_one_checkpoint_folder_are_refused_before_the_first(shared, tmp_path):
+    """NEXP > 1 with RN50_CHECKPOINT_DIR ran trial 1, then failed trials 2..N one by one (each found trial 1's ended
+    run in the folder)."""
+    env = {**TINY_KEEP_CACHES, "DATADIR": shared["data"], "LOGDIR": str(tmp_path / "logs"), "NEXP": "2",
+           "RN50_CHECKPOINT_DIR": str(tmp_path / "ckpt")}
+    result = run(launcher("./run_with_docker.sh", env)[0])
+    assert_one_line_naming(result, f"NEXP=2 with RN50_CHECKPOINT_DIR={tmp_path / 'ckpt'}: the trials would share")
+    assert "trial" not in result.stdout and files_in(tmp_path / "logs") == []

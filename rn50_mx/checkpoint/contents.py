@@ -5,7 +5,10 @@ refused like a corrupt one (the previous one is used), on rank 0 while the run h
 KeyError, TypeError or MXNetError after run_start, and no failed attempt in the log the run continues."""
 import functools
 import json
+import math
 import os
+import random
+import re
 
 import mxnet as mx
 import numpy as np
@@ -15,6 +18,8 @@ from ..errors import InputError
 from . import trainer_file
 
 SEED_HIGH = 2**31 - 1
+RANK_FILE = re.compile(r"^rank(\d+)\.")  # rank<R>.json, .aux, .ema, .<split>.dali
+MT_WORDS = 624  # MT19937's state: 624 32-bit words and a position in 0..624 (Python adds it as a 625th word)
 META_FIELDS = {"settings": dict, "world": int, "seed": int, "epoch": int, "step": int, "files": dict}
 POSITION_FIELDS = {"epoch": int, "step": int, "first": int, "loss": (int, float), "images": int}
 
@@ -54,6 +59,10 @@ def meta_problem(meta):
             if not (isinstance(entry, list) and len(entry) == 2 and
                     all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in entry)):
                 raise Bad(f"meta.json: files[{name!r}] is not [size, CRC-32]")
+        ranks = {int(m.group(1)) for name in meta["files"] for m in [RANK_FILE.match(name)] if m}
+        if len(ranks) != meta["world"] or ranks != set(range(len(ranks))) or not all(f"rank{r}.json" in meta["files"] for r in ranks):
+            raise Bad(f"meta.json: world is {meta['world']}, but its files are those of ranks "
+                      f"{sorted(ranks)[:8]} (rank<R>.json for each of 0..world-1)")
         if "mllog" in meta:
             field(meta, "mllog", dict, "meta.json")
             field(meta["mllog"], "path", str, "meta.json's mllog")
@@ -69,11 +78,19 @@ def load_problem(folder, meta):
     CRC check) do not load or do not fit the model of its settings, or None."""
     try:
         expected = expected_model(json.dumps(meta["settings"], sort_keys=True))
+        s = config.Settings(**meta["settings"])
+        if meta["epoch"] >= s.epoch_limit:
+            raise Bad(f"meta.json: epoch {meta['epoch']} is past the run's last epoch, {s.epoch_limit - 1} (0-based)")
         check_arrays(folder, "params", expected, every=True)
         check_trainer(folder, list(expected.values()))
+        averaged = [f"rank{rank}.ema" in meta["files"] for rank in range(meta["world"])]
+        if any(averaged) and not all(averaged):
+            raise Bad("meta.json lists the weight EMA (rank<R>.ema) of some ranks only")
         for rank in range(meta["world"]):
             check_arrays(folder, f"rank{rank}.aux", expected, every=False)
-            check_rank_state(folder, f"rank{rank}.json", meta["settings"])
+            if averaged[rank]:
+                check_arrays(folder, f"rank{rank}.ema", expected, every=False)
+            check_rank_state(folder, f"rank{rank}.json", meta, s)
     except Bad as bad:
         return str(bad)
     return None
@@ -86,6 +103,7 @@ def expected_model(settings):
     try:
         s = config.Settings(**json.loads(settings))
         config.check_fields(s)  # each value in range; the run's own checks across them are not the model's
+        config.check_image_shape(s)
     except (TypeError, ValueError, InputError) as err:
         raise Bad(f"meta.json: its settings are not this version's ({str(err).splitlines()[0]})") from None
     net = model.build_model(s, mx.cpu())
@@ -153,24 +171,62 @@ def check_trainer(folder, params):
             raise Bad(f"{trainer_file.STATES}: state {key} is {array.shape}, its parameter's {shape}")
 
 
-def check_rank_state(folder, name, settings):
-    """A rank's position, iterator states and generator states, as Checkpoints.restore reads them."""
+def check_rank_state(folder, name, meta, s):
+    """A rank's position, iterator states and generator states, as Checkpoints.restore reads them: each field typed
+    and bounded by meta.json and the run's settings `s` (a position past the run ended it at once; a NaN loss was
+    carried on), each generator state one its library takes."""
     state = load_json(folder, name)
     position = field(state, "position", dict, name)
     for key, kind in POSITION_FIELDS.items():
         field(position, key, kind, f"{name}'s position", low=0)
+    if set(position) != set(POSITION_FIELDS):
+        raise Bad(f"{name}'s position holds {sorted(set(position) - set(POSITION_FIELDS))[0]!r}, an unknown field")
+    if (position["epoch"], position["step"]) != (meta["epoch"], meta["step"]):
+        raise Bad(f"{name}: position epoch {position['epoch']} step {position['step']} is not meta.json's epoch "
+                  f"{meta['epoch']} step {meta['step']}")
+    if position["first"] > position["epoch"] or not math.isfinite(position["loss"]):
+        raise Bad(f"{name}: position first {position['first']} or loss {position['loss']} is not a run's")
+    if position["images"] > position["step"] * s.batch_size:
+        raise Bad(f"{name}: position images {position['images']} above step {position['step']} x batch "
+                  f"{s.batch_size}")
     iters = field(state, "iters", dict, name)
-    splits = ["train"] + (["val"] if settings.get("data_val") and not settings.get("synthetic") else [])
+    splits = ["train"] + (["val"] if s.data_val and not s.synthetic else [])
     for split in splits:
-        it = field(iters, split, dict, f"{name}'s iters")
-        for key in ("position", "epochs", "built_epochs"):
-            if key in it or key == "position":
-                field(it, key, int, f"{name}'s {split} iterator", low=0)
-        if "skipped" in it and not isinstance(it["skipped"], list):
-            raise Bad(f"{name}'s {split} iterator: skipped is not a list")
+        check_iterator(field(iters, split, dict, f"{name}'s iters"), f"{name}'s {split} iterator", position, split)
+    check_generators(state, name)
+
+
+def check_iterator(it, where, position, split):
+    """An iterator's state: the train iterator at the position's step; epochs and records within the run's."""
+    for key in ("position", "epochs", "built_epochs", "built_step"):
+        if key in it or key == "position":
+            field(it, key, int, where, low=0)
+    if split == "train" and position["step"] and it["position"] != position["step"]:  # at step 0: the last epoch's end
+        raise Bad(f"{where}: position {it['position']} is not the step, {position['step']}")
+    for key in ("epochs", "built_epochs"):
+        if it.get(key, 0) > position["epoch"] + 1:
+            raise Bad(f"{where}: {key} {it[key]} is past the epoch, {position['epoch']}")
+    skipped = it.get("skipped", [])
+    if not isinstance(skipped, list) or not all(isinstance(k, int) and not isinstance(k, bool) and 0 <= k < 2**63
+                                                for k in skipped):
+        raise Bad(f"{where}: skipped is not a list of record keys")
+
+
+def check_generators(state, name):
+    """Python's and NumPy's generator states, put into scratch generators: the libraries' own checks, before the
+    run's (NumPy's takes any position; MT19937's is 0..624)."""
     python = field(state, "python_random", list, name)
-    if not (len(python) == 3 and isinstance(python[0], int) and isinstance(python[1], list)):
-        raise Bad(f"{name}: python_random is not Python's generator state")
+    try:
+        version, internal, gauss = python
+        random.Random().setstate((version, tuple(internal), gauss))
+    except (TypeError, ValueError, OverflowError):
+        raise Bad(f"{name}: python_random is not Python's generator state") from None
     numpy = field(state, "numpy_random", list, name)
-    if not (len(numpy) == 5 and numpy[0] == "MT19937" and isinstance(numpy[1], list) and len(numpy[1]) == 624):
-        raise Bad(f"{name}: numpy_random is not NumPy's generator state")
+    try:
+        kind, keys, pos, has_gauss, cached = numpy
+        if kind != "MT19937" or len(keys) != MT_WORDS or not 0 <= pos <= MT_WORDS or has_gauss not in (0, 1) or \
+                not all(isinstance(k, int) and 0 <= k < 2**32 for k in keys):  # NumPy 1.x casts others silently
+            raise ValueError
+        np.random.RandomState().set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, float(cached)))
+    except (TypeError, ValueError, OverflowError):
+        raise Bad(f"{name}: numpy_random is not NumPy's generator state") from None

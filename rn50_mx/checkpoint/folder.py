@@ -16,7 +16,7 @@ import numpy as np
 from .. import config, dist, ema, files, mlperf_log
 from ..errors import InputError
 from . import trainer_file
-from .disk import META, first_line, fsync_path, problem, read_meta, summary, write_bytes
+from .disk import META, first_line, fsync_path, problem, read_json, read_meta, summary, write_bytes
 
 STEP = re.compile(r"^step-(\d+)$")
 KEPT = 2  # complete checkpoints kept: the newest and the one before it
@@ -80,6 +80,20 @@ class Checkpoints:
         self.parts = (net, trainer, {k: it for k, it in iters.items() if it is not None}, steps_per_epoch, base_seed,
                       average)
 
+    def check_fits(self, steps):
+        """Before run_start: the checkpoint's position and update count within a run of `steps` steps per epoch (its
+        data decide them: contents.py checks what needs no data). A forged num_update resumed at the end learning
+        rate."""
+        if not self.meta:
+            return
+        epoch, step = self.meta["epoch"], self.meta["step"]
+        updates = read_json(os.path.join(self.resume, trainer_file.COUNTS))["num_update"]
+        read = read_json(os.path.join(self.resume, f"rank{self.d.rank}.json"))["iters"]["train"]["position"]
+        if step > steps or read > steps or updates > epoch * steps + step:
+            raise InputError(f"{self.resume}: position epoch {epoch} step {step} (its reader at {read}) with {updates} "
+                             "updates does not fit "
+                             f"this run's {steps} steps per epoch; give the run's data (or another --checkpoint-dir)")
+
     def periodic(self, epoch):
         """Whether --checkpoint-every asks for a checkpoint after 0-based `epoch`."""
         return self.s.checkpoint_every > 0 and (epoch + 1) % self.s.checkpoint_every == 0
@@ -100,9 +114,10 @@ class Checkpoints:
             average.restore(mx.nd.load(saved), saved)
         with open(os.path.join(folder, f"rank{rank}.json")) as f:
             state = json.load(f)
-        for split, it in iters.items():
-            dali = os.path.join(folder, f"rank{rank}.{split}.dali")
-            it.restore(state["iters"][split], open(dali, "rb").read() if os.path.exists(dali) else None)
+        for split, it in iters.items():  # a .dali file meta.json does not list (and CRC-check) is not the run's
+            dali = f"rank{rank}.{split}.dali"
+            it.restore(state["iters"][split],
+                       open(os.path.join(folder, dali), "rb").read() if dali in self.meta["files"] else None)
         version, internal, gauss = state["python_random"]
         random.setstate((version, tuple(internal), gauss))
         kind, keys, pos, has_gauss, cached = state["numpy_random"]
@@ -220,9 +235,9 @@ def model_arrays(folder):
     statistics averaged, the one model a multi-rank run's eval judges (train.one_model); for a run with a weight EMA
     (rank<R>.ema), the averages its evals judged instead: the weights' (the same on every rank) with the ranks'
     statistics averaged."""
-    averaged = os.path.exists(os.path.join(folder, "rank0.ema"))
-    ranks = [mx.nd.load(os.path.join(folder, f"rank{r}.{'ema' if averaged else 'aux'}"))
-             for r in range(read_meta(folder)["world"])]
+    meta = read_meta(folder)
+    averaged = "rank0.ema" in meta["files"]  # listed and CRC-checked: a file merely there decides nothing
+    ranks = [mx.nd.load(os.path.join(folder, f"rank{r}.{'ema' if averaged else 'aux'}")) for r in range(meta["world"])]
     params = ranks[0] if averaged else mx.nd.load(os.path.join(folder, "params"))
     stats = set(mx.nd.load(os.path.join(folder, "rank0.aux")))
     return {name: mean([arrays[name] for arrays in ranks]) if name in stats else array

@@ -30,9 +30,11 @@ def model_output(s, d):
 
 def settings_problem(recorded, s):
     """'--flag=VALUE: the model was trained with OTHER' for the first of MODEL_FIELDS in which `s` differs from the
-    settings `recorded` with the model, or None."""
+    settings `recorded` with the model (or which they lack), or None."""
     for name in MODEL_FIELDS:
-        if name in recorded and recorded[name] != getattr(s, name):
+        if name not in recorded:  # skipping it, the model met its first batch in MXNet's forward
+            return f"{config.flag_name(name)}: the model's settings do not record it"
+        if recorded[name] != getattr(s, name):
             return f"{config.flag_name(name)}={getattr(s, name)}: the model was trained with {recorded[name]}"
     return None
 

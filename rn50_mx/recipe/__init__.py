@@ -21,7 +21,7 @@ import sys
 from .. import anchors, config, memory
 from ..mlperf_rules import (BENCHMARK, DEFAULT_RULESET, PRUNED, PUBLISHED, USAGE, horizon_epochs, load_checker,
                             rcp_file, rulesets)
-from ..errors import InputError
+from ..errors import InputError, printable
 from . import open_division, predict
 from .check import place, search_room, verdict
 from .choosing import Recipe, choose, interpolate, mode_epoch, whole_epochs
@@ -82,9 +82,12 @@ def parse_args(argv=None):
         raise InputError(f"--img-per-sec-per-gpu={args.img_per_sec_per_gpu}: must be a number > 0")
     if args.node_gbps is not None and not 0 < args.node_gbps < float("inf"):
         raise InputError(f"--node-gbps={args.node_gbps}: must be a number of Gb/s > 0")
-    if args.system is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", args.system):
+    if args.system is not None and not re.fullmatch(config.SYSTEM_NAME, args.system):
         raise InputError(f"--system {args.system!r}: a config name is letters, digits, '.', '_' and '-' (it names "
                          "config/<NAME>.sh and the launchers' DGXSYSTEM)")
+    if args.system is not None and args.system.endswith(FRAGMENT_SUFFIXES):
+        raise InputError(f"--system {args.system}: config/<SYSTEM>{' and '.join(FRAGMENT_SUFFIXES)}.sh are the "
+                         "fragments the launchers source after config/<SYSTEM>.sh: give the config another name")
     if not os.path.isfile(os.path.join(args.config_dir, "gpu_common.sh")):
         raise InputError(f"--config-dir {args.config_dir}: no gpu_common.sh there (run from the rn50-mx checkout)")
     return args
@@ -123,11 +126,13 @@ def predict_nodes(args, gpu):
           "errors; ideal: every GPU at full speed, no allreduce or evals; saved: against the row above")
 
 
+FRAGMENT_SUFFIXES = ("_tuned", "_hparams")  # rn50_mx.tune's and rn50_mx.search's fragments (trials.sh source_fragments)
+
+
 def shown_command(argv):
     """The command line for the config's comment: quoted as a shell would need it, and on one line whatever the
     arguments hold (a newline in a comment would start a shell line in the config the launchers source)."""
-    text = shlex.join(["python", "-m", "rn50_mx.recipe", *argv])
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+    return printable(shlex.join(["python", "-m", "rn50_mx.recipe", *argv]))
 
 
 def main(argv=None):

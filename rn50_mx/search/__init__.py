@@ -53,9 +53,11 @@ def parse_args(argv):
     add("--out", default=os.path.join(ROOT, "config"), help="folder of the fragment (config/)")
     add("--dry-run", action="store_true", help="print the plan and its cost; run nothing (no data needed)")
     args, rest = parser.parse_known_args(argv)
-    for name, low in (("trials", 1), ("seeds_per_trial", 1), ("finalists", 0), ("final_seeds", 1), ("parallel", 1)):
-        if getattr(args, name) < low:
-            raise InputError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least {low}")
+    # Seeds: each trial's and each study's finals take 16 in a row (driver.py), so at most 16 per trial and per set.
+    for name, low, high in (("trials", 1, 10_000), ("seeds_per_trial", 1, 16), ("finalists", 0, 100),
+                            ("final_seeds", 1, 16), ("parallel", 1, 1024)):
+        if not low <= getattr(args, name) <= high:
+            raise InputError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be {low} to {high}")
     if not args.hours > 0 or not 0 < args.prune_share <= 1:
         raise InputError("--hours must be > 0 and --prune-share in (0, 1]")
     return args, rest
@@ -65,21 +67,29 @@ def prepare(argv):
     """(settings, args, knobs) checked, before any study is opened."""
     args, rest = parse_args(argv)
     s = config.load(rest, prog="rn50_mx.search")
+    args.fragment = os.path.abspath(os.path.join(args.out, output.fragment_name(s, args.mode)))  # one path, checked
     if args.mode == "open":
         s = s.replace(submission_division="open")
     knobs = [space.parse_knob(k, args.mode) for k in args.knob] or space.default_knobs(s, args.mode)
     space.check_start(space.start(s, knobs), knobs, args.mode)
     args.study = args.study or s.dgxsystem
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args.study):
+    if not re.fullmatch(config.SYSTEM_NAME, args.study):
         raise InputError(f"--study {args.study!r}: letters, digits, '.', '_' and '-' only (it names the study's files)")
     args.results = os.path.abspath(args.results or os.path.join("results", "search", args.study))
     args.storage = args.storage or f"sqlite:///{os.path.join(args.results, args.study + '.db')}"
     return s, args, knobs
 
 
-def open_study(args, knobs):
+def started_with(s, knobs):
+    """The sourced settings the study's trials are compared under: every value a variable sets, except the knobs'
+    and each run's own (its seed; its log and checkpoints are host paths, which as_env leaves out)."""
+    own = {k.env for k in knobs} | {"SEED", "RN50_CHECKPOINT_DIR", "RN50_SAVE_MODEL"}
+    return {name: value for name, value in config.as_env(s).items() if name not in own}
+
+
+def open_study(args, knobs, s):
     """The study, created or continued; one line when the storage cannot be opened or the study was started with
-    another space."""
+    another space or under other sourced settings (its trials would not be comparable)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -96,6 +106,16 @@ def open_study(args, knobs):
     elif known != space_text:
         raise InputError(f"study {args.study!r} in {args.storage} searches {known}, not {space_text}: give another "
                          "--study (or the same knobs)")
+    settings = started_with(s, knobs)
+    known = study.user_attrs.get("settings")
+    if known is None:
+        study.set_user_attr("settings", settings)
+    elif known != settings:
+        changed = sorted(set(known) ^ set(settings) | {k for k in known if known[k] != settings.get(k)})
+        then = " ".join(f"{k}={known.get(k, '(unset)')}" for k in changed[:3])
+        now = " ".join(f"{k}={settings.get(k, '(unset)')}" for k in changed[:3])
+        raise InputError(f"study {args.study!r} in {args.storage} was started with {then}, not {now}: its trials "
+                         "would not be comparable; source those settings again, or give another --study")
     return study
 
 
@@ -132,10 +152,14 @@ def search(s, args, knobs):
         raise InputError("--data-train and --data-val (or DATADIR): every trial trains and evaluates on real data")
     launchers.check(args.launcher, s)
     data.check_files(s)
-    fragment = os.path.join(args.out, f"{s.dgxsystem}_hparams.sh")
+    fragment = args.fragment
     lock = hold_lock(args)
     with files.owned_in_folder(fragment):  # the tuner's rules: folder made, one writer, checked before work
-        study = open_study(args, knobs)
+        files.refuse_special(fragment, "fragment")
+        study = open_study(args, knobs, s)
+        trials_there = output.trials_folder(args.results, args.study)
+        if not study.get_trials(deepcopy=False) and os.path.isdir(trials_there) and os.listdir(trials_there):
+            raise output.earlier_runs(trials_there, args.study)
         loop = driver.Driver(s, args, knobs, study, args.results)
         try:
             loop.run()
@@ -156,18 +180,23 @@ def search(s, args, knobs):
         sets = [("sourced", space.start(s, knobs))] + [(f"trial {t.number}", {k.env: t.params[k.env] for k in knobs})
                                                       for t in best if t.params != space.start(s, knobs)]
         seeds = driver.final_seeds(args.study, args.final_seeds)
-        rows = finals.run_sets(s, sets, knobs, seeds, os.path.join(args.results, "finals"), args,
+        rows = finals.run_sets(s, sets, knobs, seeds, output.finals_folder(args.results, args.study), args,
                                mlperf_rules.DEFAULT_RULESET)
         table = {name: (params, rows[name]) for name, params in sets}
         print(output.table(table, args.mode))
         key = "epochs" if args.objective == "epochs" else "minutes"
-        winner = min(table, key=lambda name: (table[name][1][key] is None, table[name][1][key] or 0))
+        reached = [name for name in table if table[name][1]["all_converged"]]  # a miss scores no epochs, only a guess
+        if not reached:
+            print(f"search: no set reached the target on every fresh seed; {fragment} not written")
+            return 1
+        winner = min(reached, key=lambda name: table[name][1][key])
         if winner == "sourced":
             print(f"search: the sourced settings stay best on fresh seeds; {fragment} not written")
         else:
             params, row = table[winner]
-            output.write_fragment(fragment, output.fragment_text(s, params, row, args.study))
-            print(f"search: wrote {fragment} ({winner}); the launchers source it after config/{s.dgxsystem}.sh")
+            output.write_fragment(fragment, output.fragment_text(fragment, params, row, args.study))
+            print(f"search: wrote {fragment} ({winner}); the launchers source it after "
+                  f"config/{os.path.basename(fragment)[:-len('_hparams.sh')]}.sh")
     os.close(lock)
     return 0
 

@@ -90,9 +90,15 @@ class Driver:
 
     # --- running trials --------------------------------------------------------------------------------------
     def launch(self):
+        import optuna
+
         trial = self.study.ask(self.distributions)
         params = {k.env: trial.params[k.env] for k in self.knobs}
-        folder = output.trial_folder(self.folder, trial.number)
+        try:
+            folder = output.trial_folder(self.folder, self.args.study, trial.number)
+        except InputError:
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)  # no RUNNING trial for the next driver to end
+            raise
         seeds = [SEARCH_SEEDS + trial.number * 16 + k for k in range(self.args.seeds_per_trial)]
         slot = Slot(trial, params, space.apply(self.s, params, self.knobs), seeds, folder)
         self.slots.append(slot)
@@ -103,10 +109,22 @@ class Driver:
         slot.runs.append(run)
         try:
             record = run.start()
-        except InputError as err:
+        except launchers.LaunchError:
+            self.give_back(slot)
+            raise
+        except InputError as err:  # the trial's settings refused: a pruned trial
             slot.pruned = str(err)
             return
         slot.trial.set_user_attr("runs", [record])
+
+    def give_back(self, slot):
+        """A trial whose run could not start or was stopped at --hours: failed, its values queued again, so that it
+        costs no trial."""
+        import optuna
+
+        self.study.tell(slot.trial, state=optuna.trial.TrialState.FAIL)
+        self.study.enqueue_trial(slot.params, skip_if_exists=False)
+        self.slots.remove(slot)
 
     def poll(self, slot):
         """Report new evals, prune, start the next seed; True when the trial has ended (told to the study)."""
@@ -156,7 +174,9 @@ class Driver:
         return True
 
     def run(self):
-        """Trials until --trials have finished or --hours have passed; returns the number finished now."""
+        """Trials until --trials have finished or --hours have passed; returns the number finished now. A trial still
+        running at --hours (a long one, or one hung in a collective) is stopped and queued again: the next run of
+        the driver runs it."""
         deadline = time.time() + self.args.hours * 3600
         self.recover()
         if not self.study.get_trials(deepcopy=False):
@@ -169,6 +189,13 @@ class Driver:
                 self.enqueue_plan()
                 self.launch()
                 continue
+            if time.time() >= deadline:
+                for slot in list(self.slots):
+                    if slot.current and slot.current.started:
+                        slot.current.stop("past --hours")
+                    self.give_back(slot)
+                    print(f"search: trial {slot.trial.number} was still running at --hours: stopped, queued again",
+                          flush=True)
             if not self.slots:
                 return len(self.finished()) - started
             time.sleep(1.0)

@@ -44,7 +44,7 @@ def row(runs, s, ruleset, mode):
     converged = [x for x in read if x is not None and x.status == "success"]
     minutes = [x.minutes for x in converged if x.minutes is not None]
     result = {"epochs": olympic(epochs), "min": min(epochs), "max": max(epochs),
-              "converged": f"{len(converged)}/{len(runs)}", "minutes": olympic(minutes) if minutes else None,
+              "converged": f"{len(converged)}/{len(runs)}", "all_converged": len(converged) == len(runs), "minutes": olympic(minutes) if minutes else None,
               "logs": [r.log for r in runs], "seeds": [r.s.seed for r in runs]}
     if mode == "closed":
         checked = [timing.check_compliance(r.log, ruleset) for r in runs]

@@ -6,6 +6,7 @@ change them) and writes its trial log, MLPerf lines included, in the trial's fol
 the study keeps, from which a driver started after a killed one ends what is left of it."""
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -15,13 +16,23 @@ from ..errors import InputError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KINDS = ("local", "docker", "slurm")
+SLURM_TOOLS = ("sbatch", "squeue", "scancel")
 DATA_FILES = ("train.rec", "val.rec")  # what the launchers pass as --data-train and --data-val, in DATADIR
 
 
+class LaunchError(InputError):
+    """A run the launcher could not start (no sbatch, Slurm refusing the job, a command missing): the search stops
+    with this one line, and the trial, not run, is queued again (it costs no trial of the budget)."""
+
+
 def check(kind, s):
-    """One line when `s` cannot go through launcher `kind`: the launchers read DATADIR/train.rec and val.rec."""
+    """One line when `s` cannot go through launcher `kind`: the launchers read DATADIR/train.rec and val.rec; Slurm
+    jobs need its commands."""
     if kind == "local":
         return
+    missing = [tool for tool in SLURM_TOOLS if shutil.which(tool) is None] if kind == "slurm" else []
+    if missing:
+        raise InputError(f"--launcher slurm: {', '.join(missing)} not found on PATH")
     folder = os.path.dirname(s.data_train)
     if (os.path.basename(s.data_train), os.path.basename(s.data_val)) != DATA_FILES or \
             os.path.dirname(s.data_val) != folder:
@@ -54,9 +65,12 @@ class Group:
     """A run in a process group of its own on this machine (local, docker)."""
 
     def __init__(self, command, out, env=None):
-        with open(out, "w") as f:
-            self.proc = children.start(command, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-        self.record = ["pgid", self.proc.pid]
+        try:
+            with open(out, "x") as f:  # new: a run's output is its own
+                self.proc = children.start(command, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        except OSError as err:
+            raise LaunchError(f"{command[0]}: cannot start the run ({err.strerror or err}; output {out})") from None
+        self.record = ["pgid", self.proc.pid, children.started_at(self.proc.pid)]
 
     def done(self):
         return self.proc.poll() is not None
@@ -69,11 +83,17 @@ class Job:
     """A run as a Slurm job of run.sub, submitted from the repository's root."""
 
     def __init__(self, s, out, env):
-        result = subprocess.run(["sbatch", "--parsable", "-N", str(s.dgxnnodes), "-J", "rn50-search", "-o", out,
-                                 "run.sub"], cwd=ROOT, env=env, capture_output=True, text=True)
+        try:
+            result = subprocess.run(["sbatch", "--parsable", "-N", str(s.dgxnnodes), "-J", "rn50-search", "-o", out,
+                                     "run.sub"], cwd=ROOT, env=env, capture_output=True, text=True)
+        except OSError as err:
+            raise LaunchError(f"sbatch: cannot run it ({err.strerror or err})") from None
         if result.returncode:
-            raise InputError(f"sbatch: {(result.stderr.strip() or 'failed').splitlines()[-1]}")
-        self.record = ["job", int(result.stdout.strip().split(";")[0])]
+            raise LaunchError(f"sbatch: {(result.stderr.strip() or 'failed').splitlines()[-1]}")
+        job = result.stdout.strip().split(";")[0]
+        if not job.isdecimal():
+            raise LaunchError(f"sbatch: no job id in its answer {result.stdout.strip()[:60]!r}")
+        self.record = ["job", int(job)]
 
     def done(self):
         return job_done(self.record[1])
@@ -122,9 +142,12 @@ def start(kind, s, folder, seed, out):
 
 
 def end_recorded(record):
-    """End what a killed driver's run left, from its record: a process group, or a Slurm job."""
-    kind, ident = record
+    """End what a killed driver's run left, from its record: a process group (only if its leader is still the one
+    started: children.stop_recorded_group), or a Slurm job."""
+    kind, ident, *started = record
     if kind == "pgid":
-        children.stop_group(ident)
+        if not children.stop_recorded_group(ident, started[0] if started else None):
+            print(f"search: process {ident} is not known to be the recorded run's (its pid reused, or a record "
+                  "without a start time): left alone", flush=True)
     else:
         end_job(ident)

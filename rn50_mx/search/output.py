@@ -3,17 +3,66 @@ config/<SYSTEM>_hparams.sh."""
 import datetime
 import os
 
-from ..files import os_error, write_atomically
+from ..errors import InputError
+from ..files import os_error, remove_quietly, temp_name, write_atomically
 from . import space
 
 
-def trial_folder(results, number):
-    folder = os.path.join(results, "trials", f"{number:04d}")
+def trials_folder(results, study):
+    """The study's trial runs, named by the study: studies sharing --results never share a log."""
+    return os.path.join(results, f"{study}.trials")
+
+
+def earlier_runs(folder, study):
+    """The one line for a folder of runs the study did not start (another database's study of this name)."""
+    return InputError(f"{folder}: holds runs of an earlier study {study!r} (another database?); a trial scores only "
+                      "logs it writes: give another --results or --study")
+
+
+def made_folder(path):
+    """The folder `path`, made if missing, never a symlink: a link planted there would send the runs elsewhere."""
+    if os.path.islink(path):
+        raise InputError(f"{path}: a symlink; the search keeps its runs in a folder of its own there")
+    os.makedirs(path, exist_ok=True)
+
+
+def trial_folder(results, study, number):
+    """Trial `number`'s folder, made here and new: a trial scores only logs it writes, never one an earlier
+    database's trial of this number left."""
+    folder = os.path.join(trials_folder(results, study), f"{number:04d}")
     try:
-        os.makedirs(folder, exist_ok=True)
+        made_folder(os.path.dirname(folder))
+        os.mkdir(folder)
+    except FileExistsError:
+        raise earlier_runs(folder, study) from None
     except OSError as err:
         raise os_error(folder, err, "create") from None
     return folder
+
+
+def finals_folder(results, study):
+    """This run of the finals' folder, STUDY.finals/N with the first N not there, made here: a second run of the
+    finals keeps the first's logs and never reads them."""
+    parent = os.path.join(results, f"{study}.finals")
+    for n in range(1, 1_000_000):
+        folder = os.path.join(parent, str(n))
+        try:
+            made_folder(parent)
+            os.mkdir(folder)
+            return folder
+        except FileExistsError:
+            continue
+        except OSError as err:
+            raise os_error(folder, err, "create") from None
+    raise InputError(f"{parent}: a million runs of the finals; clear it")
+
+
+def fragment_name(s, mode):
+    """The fragment's file name: config/<SYSTEM>_hparams.sh, which the launchers source after config/<SYSTEM>.sh;
+    an open search of a closed config writes the fragment of its open config (<SYSTEM>_open.sh, as the recipe names
+    it), which closed launches never source."""
+    system = s.dgxsystem if mode == "closed" or s.submission_division == "open" else f"{s.dgxsystem}_open"
+    return f"{system}_hparams.sh"
 
 
 def params_text(params):
@@ -66,12 +115,13 @@ def table(rows, mode):
     return "\n".join(lines)
 
 
-def fragment_text(s, params, row, study):
+def fragment_text(fragment, params, row, study):
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    config = os.path.basename(fragment)[:-len("_hparams.sh")] + ".sh"
     head = ["# shellcheck shell=bash",
-            f"# Written by python -m rn50_mx.search (study {study!r}), {when}, for config/{s.dgxsystem}.sh: "
+            f"# Written by python -m rn50_mx.search (study {study!r}), {when}, for config/{config}: "
             f"{row['epochs']:.2f} epochs to the target (olympic mean), {row['converged']} runs converged on fresh seeds",
-            f"# Sourced after config/{s.dgxsystem}.sh and its _tuned.sh by run_with_docker.sh and run.sub, where a "
+            f"# Sourced after config/{config} and its _tuned.sh by run_with_docker.sh and run.sub, where a "
             "variable exported after the config keeps its value"]
     return "\n".join(head + [f"export {k}={v:g}" if isinstance(v, float) else f"export {k}={v}"
                              for k, v in params.items()]) + "\n"
@@ -105,7 +155,12 @@ def picture(path, trial_list, target):
     best.plot(range(len(values)), values, marker="o")
     best.set(xlabel="trial", ylabel="best objective so far")
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp)
-    plt.close(fig)
-    os.replace(tmp, path)
+    tmp = temp_name(path)  # a name no other writer shares: a link planted at a fixed one is never followed
+    try:
+        fig.savefig(tmp, format="png")
+        os.replace(tmp, path)
+    except OSError as err:
+        raise os_error(path, err) from None
+    finally:
+        plt.close(fig)
+        remove_quietly(tmp)
