@@ -171,7 +171,6 @@ def test_a_checkpoint_is_saved_from_the_host_and_resumes_on_the_rank_s_device(sm
 
     s = run_settings(small_rec, checkpoint_dir=str(tmp_path / "ckpt"))
     train_it, val_it = data.make_iters(s, 0, 1, 3, RUN_CONTEXT)[:2]
-    batches = [b for b, _ in zip(train_it, range(2))]
     saved, save = [], mx.nd.save
     monkeypatch.setattr(mx.nd, "save", lambda fname, arrays: (saved.extend(arrays.values()), save(fname, arrays))[1])
     runs = []
@@ -180,12 +179,12 @@ def test_a_checkpoint_is_saved_from_the_host_and_resumes_on_the_rank_s_device(sm
         train.warm_up(net, loss_fn, trainer, s, RUN_CONTEXT)
         folder = checkpoint.Checkpoints(s, dist.Single())
         folder.attach(net, trainer, {"train": train_it, "val": val_it}, 2, 3)  # as a run's checkpoint holds them
-        if resumed:
+        if resumed:  # the reader back at the checkpoint's step (a checkpoint whose reader is elsewhere is refused)
             assert folder.restore() == checkpoint.Position(step=1)
         else:
-            train.train_step(net, loss_fn, trainer, batches[0])
+            train.train_step(net, loss_fn, trainer, next(train_it))
             folder.save(checkpoint.Position(step=1))
-        train.train_step(net, loss_fn, trainer, batches[1])
+        train.train_step(net, loss_fn, trainer, next(train_it))
         mx.nd.waitall()
         os.close(folder.lock)
         held = arrays_in(trainer._optimizer) + arrays_in(trainer._updaters[0].states)

@@ -22,10 +22,10 @@ STEP = re.compile(r"^step-(\d+)$")
 KEPT = 2  # complete checkpoints kept: the newest and the one before it
 FINISHED = "finished"  # written when the run ends with run_stop: its checkpoints are not to be resumed
 
-# Settings that do not change what a run computes; every other one must match the checkpoint's. The world size is
-# compared instead of the node and GPU counts.
+# Settings that do not change what a run computes (--standin: where it runs); every other one must match the
+# checkpoint's. The world size is compared instead of the node and GPU counts.
 FREE = {"checkpoint_dir", "checkpoint_every", "save_model", "mllog_file", "disp_batches", "exit_timeout",
-        "cache_cleared", "submission_org", "dgxsystem", "dgxnnodes", "dgxngpu", "seed"}
+        "cache_cleared", "submission_org", "dgxsystem", "dgxnnodes", "dgxngpu", "seed", "standin"}
 
 
 def differences(saved, s, world):

@@ -137,15 +137,20 @@ def stop_and_resume(plan, work, reference):
 
 
 def rank_pid(proc, rank):
-    """The pid of rank `rank`'s Python under horovodrun."""
-    import psutil
-
-    for p in psutil.Process(proc.pid).children(recursive=True):
+    """The pid of rank `rank`'s Python under horovodrun: a process of the job's session (children.start gives the job
+    one, its id horovodrun's pid; /proc/PID/stat's sixth field) whose environment says HOROVOD_RANK=rank."""
+    for entry in os.listdir("/proc"):
         try:
-            if p.environ().get("HOROVOD_RANK") == str(rank) and "python" in os.path.basename(p.cmdline()[0]):
-                return p.pid
-        except (psutil.NoSuchProcess, psutil.AccessDenied, IndexError):
-            pass
+            with open(f"/proc/{entry}/stat") as f:
+                session = int(f.read().rsplit(")", 1)[1].split()[3])
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                program = os.path.basename(f.read().split(b"\0")[0])
+        except (OSError, ValueError, IndexError):
+            continue  # not a process, or one that ended meanwhile
+        if session == proc.pid and f"HOROVOD_RANK={rank}".encode() in environ and program.startswith(b"python"):
+            return int(entry)
     raise StageFailed(f"no rank {rank} process under horovodrun")
 
 
