@@ -89,7 +89,7 @@ def load_problem(folder, meta):
         for rank in range(meta["world"]):
             check_arrays(folder, f"rank{rank}.aux", expected, every=False)
             if averaged[rank]:
-                check_arrays(folder, f"rank{rank}.ema", expected, every=False, dtype=np.dtype("float32"))
+                check_arrays(folder, f"rank{rank}.ema", expected, every=False, as_type=np.dtype("float32"))
             check_rank_state(folder, f"rank{rank}.json", meta, s)
     except Bad as bad:
         return str(bad)
@@ -121,14 +121,14 @@ def load_arrays(folder, name):
     return arrays
 
 
-def check_arrays(folder, name, expected, every, dtype=None):
-    """The arrays in `name` are parameters of the model with its shapes and types (or `dtype`: the weight EMA's
-    averages are float32 whatever the weights' type, ema.py); all of them when `every`."""
+def check_arrays(folder, name, expected, every, as_type=None):
+    """The arrays in `name` are parameters of the model with its shapes and types (or all of type `as_type`: the
+    weight EMA's averages are float32 whatever the weights' type, ema.py); all of them when `every`."""
     arrays = load_arrays(folder, name)
     for key, array in arrays.items():
         if key not in expected:
             raise Bad(f"{name} holds {key!r}, which the model has not")
-        shape, dtype = expected[key][0], dtype or expected[key][1]
+        shape, dtype = expected[key][0], as_type or expected[key][1]
         if array.shape != shape or np.dtype(array.dtype) != dtype:
             raise Bad(f"{name}: {key} is {array.shape} {np.dtype(array.dtype).name}, the model's {shape} {dtype.name}")
     missing = sorted(set(expected) - set(arrays)) if every else []

@@ -137,20 +137,29 @@ def stop_and_resume(plan, work, reference):
 
 
 def rank_pid(proc, rank):
-    """The pid of rank `rank`'s Python under horovodrun: a process of the job's session (children.start gives the job
-    one, its id horovodrun's pid; /proc/PID/stat's sixth field) whose environment says HOROVOD_RANK=rank."""
-    for entry in os.listdir("/proc"):
+    """The pid of rank `rank`'s Python under horovodrun: a descendant of it (/proc/PID/stat's parent pids) whose
+    environment says HOROVOD_RANK=rank."""
+    parents = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/stat") as f:
-                session = int(f.read().rsplit(")", 1)[1].split()[3])
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                environ = f.read().split(b"\0")
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                program = os.path.basename(f.read().split(b"\0")[0])
+                parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
-            continue  # not a process, or one that ended meanwhile
-        if session == proc.pid and f"HOROVOD_RANK={rank}".encode() in environ and program.startswith(b"python"):
-            return int(entry)
+            continue  # a process that ended meanwhile
+    family, found = {proc.pid}, True
+    while found:
+        found = {pid for pid, parent in parents.items() if parent in family and pid not in family}
+        family |= found
+    for pid in sorted(family - {proc.pid}):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                program = os.path.basename(f.read().split(b"\0")[0])
+        except OSError:
+            continue
+        if f"HOROVOD_RANK={rank}".encode() in environ and program.startswith(b"python"):
+            return pid
     raise StageFailed(f"no rank {rank} process under horovodrun")
 
 
