@@ -33,8 +33,12 @@ def horovodrun(ranks):
 
 def command(plan, module, *extra, **changes):
     """`python -m module` under horovodrun with the plan's flags (and `changes`, then `extra` arguments)."""
-    flags = [f"{config.flag_name(k)}={config.value_text(v)}" for k, v in {**plan.flags, **changes}.items()]
-    return [*horovodrun(plan.ranks), sys.executable, "-m", module, *extra, *flags]
+    return [*horovodrun(plan.ranks), sys.executable, "-m", module, *extra, *flag_args({**plan.flags, **changes})]
+
+
+def flag_args(flags):
+    """rn50_mx.train's flags for the settings {name: value}."""
+    return [f"{config.flag_name(k)}={config.value_text(v)}" for k, v in flags.items()]
 
 
 def cause(text):
@@ -184,8 +188,8 @@ def evaluate(plan, work, reference):
 
 def selftest(plan, work):
     """The self-test's rows on the stand-in: every row that can run here passes; GPU-only rows say why not."""
-    flags = [f"{config.flag_name(k)}={config.value_text(v)}" for k, v in plan.flags.items()]
-    cmd = [sys.executable, "-m", "rn50_mx.selftest", "--ranks", str(plan.ranks), "--steps", "2", *flags]
+    cmd = [sys.executable, "-m", "rn50_mx.selftest", "--ranks", str(plan.ranks), "--steps", "2",
+           *flag_args(plan.flags)]
     text = run(cmd, os.path.join(work, "selftest.out"), code=None)
     failed = [line for line in text.splitlines() if re.match(r"^\S.*\s{2}FAIL\s{2}", line)]
     if failed or "selftest: all checks passed" not in text:
@@ -197,9 +201,8 @@ def selftest(plan, work):
 def tune(plan, work):
     """The input tuner's path (rn50_mx.tune, as the README's step 3 runs it) with no search budget: it times the
     config's step on synthetic and on real batches on this rank's stand-in device and writes its fragment."""
-    flags = [f"{config.flag_name(k)}={config.value_text(v)}" for k, v in plan.flags.items()]
     cmd = [sys.executable, "-m", "rn50_mx.tune", "--budget", "0", "--rounds", "1", "--steps", "1", "--out", work,
-           *flags]
+           *flag_args(plan.flags)]
     text = run(cmd, os.path.join(work, "tune.out"))
     written = re.search(r"^wrote (.+)$", text, re.M)
     if not written or not os.path.isfile(written[1]):

@@ -7,8 +7,9 @@ softmax and topk run as they are. Each twin computes its operator in float32 and
 weight's type (float16 in, float16 out; the weight's, as a traced graph knows it from the variable's __dtype__ before
 any data: amp_multicast, which would take the data's, has no float16 CPU kernel under MKLDNN, "unknown type for
 MKLDNN :2"). The casts are Cast, not amp_cast, which HybridBlock.export leaves out of the saved symbol
-(Symbol.save's remove_amp_cast), so the gradients reaching the weights have the weights' type, as on the GPU. A cast where the CPU has no kernel, said so: cuDNN's and cuBLAS's
-float16 arithmetic is not reproduced, only the types and shapes that flow around it."""
+(Symbol.save's remove_amp_cast). So the gradients reaching the weights have the weights' type, as on the GPU. A cast
+where the CPU has no kernel, said so: cuDNN's and cuBLAS's float16 arithmetic is not reproduced, only the types and
+shapes that flow around it."""
 import mxnet as mx
 import numpy as np
 from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP
