@@ -71,7 +71,7 @@ def train_epoch(net, loss_fn, trainer, train_it, pos, s, stops, average, updates
         if pos.step % s.disp_batches == 0 and log.is_rank0():
             loss_sum.wait_to_read()  # the engine runs behind Python: wait for it, or the speed is fiction
             progress(epoch, pos.step, steps, (images - resumed) / (time.time() - tic), trainer.learning_rate)
-        if stops.agreed(done):
+        if stops.agreed(epoch * steps + pos.step, size or 1):
             pos.loss, pos.images = float(loss_sum.asscalar()), images
             return None
     mean_loss = loss_sum.asscalar() / max(images, 1)  # the one sync point of the epoch

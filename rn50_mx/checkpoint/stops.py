@@ -2,14 +2,14 @@
 import os
 import signal
 
-CHECK_PERIOD = 4  # updates between the stop-flag allreduces: a stop lands 4 to 8 updates after its signal
+CHECK_PERIOD = 4  # steps between the stop-flag allreduces (Stops.agreed)
 RESUMABLE = "resumable"  # fit's status when it stopped after writing a checkpoint
 RESUMABLE_EXIT = 75  # the exit status of a resumable stop (EX_TEMPFAIL), which trials.sh reports as such
 
 
 class Stops:
-    """SIGTERM and SIGUSR1 ask for a stop; `agreed(step)` says, on every rank alike, when the ranks have agreed to
-    stop. A second signal ends the process at once, as without a checkpoint folder."""
+    """SIGTERM and SIGUSR1 ask for a stop; `agreed(step, steps)` says, on every rank alike, when the ranks have agreed
+    to stop. A second signal ends the process at once, as without a checkpoint folder."""
 
     def __init__(self, d):
         self.d, self.asked, self.pending = d, False, None
@@ -22,10 +22,17 @@ class Stops:
             os.kill(os.getpid(), signum)
         self.asked = True
 
-    def agreed(self, step):
-        """After update `step` of the run (a step, but with --batch-schedule, whose stops fall between updates only):
-        whether any rank had asked when the last check period began."""
-        if step % CHECK_PERIOD:
+    def agreed(self, step, steps=1):
+        """After step `step` of the run, which ends an update of `steps` steps (more than 1 with --batch-schedule
+        only, whose stops fall between updates): whether any rank had asked at the check before.
+
+        A check comes at the end of each update that holds a step of the run divisible by CHECK_PERIOD (every
+        CHECK_PERIOD steps; every update when updates are longer) and reads the previous check's sum, so a stop lands
+        by the end of the update that holds the 8th step after its signal; with updates longer than
+        CHECK_PERIOD steps, at the end of the update after the signal's. Every rank counts the same steps and so stops
+        at the same one. Counting updates instead put a stop 4 to 8 updates late, past the end of a run of fewer than
+        8 updates (issue 33 item 18)."""
+        if step // CHECK_PERIOD == (step - steps) // CHECK_PERIOD:
             return False
         pending = self.pending
         self.pending = self.d.host_sum([self.asked])
@@ -41,5 +48,5 @@ def default_signals():
 class NoStops:
     """Without a checkpoint folder: the signals keep their default actions and no step checks anything."""
 
-    def agreed(self, step):
+    def agreed(self, step, steps=1):
         return False

@@ -120,7 +120,7 @@ def train(plan, work):
 
 
 def stop_and_resume(plan, work, reference):
-    """SIGTERM to rank 0 in epoch 1: the ranks agree on a step 4 to 8 updates later, mid-epoch 2 or 3, write a
+    """SIGTERM to rank 0 in epoch 1: the ranks agree on an update end (checkpoint.stops), in epoch 2 or 3, write a
     checkpoint there and stop; the resumed run ends with parameters bit-identical to the uninterrupted run's."""
     folder, out = os.path.join(work, "checkpoints"), os.path.join(work, "stopped.out")
     cmd = command(plan, "rn50_mx.train", checkpoint_dir=folder)
