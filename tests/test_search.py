@@ -173,6 +173,40 @@ def test_a_killed_driver_resumes_its_study_without_losing_or_repeating_a_trial(t
 
 
 @pytest.mark.slow
+def test_a_killed_driver_s_finalist_is_ended_and_its_half_written_log_never_scored(tiny_data, tmp_path):
+    """SIGKILL of the driver while the second finalist runs (the first has ended), then the same command: the
+    orphan's processes are ended before anything runs and its log is not read; the first finalist's log is scored
+    again, not run again; only the second is run again, in a new STUDY.finals/N. Runs of 30 epochs (their first
+    eval at the last, the target nearly 0) outlive the driver's start."""
+    env = environ(tiny_data, NUMEPOCHS="30", EVAL_PERIOD="30", EVAL_OFFSET="29", ACCURACY_THRESHOLD="0.01")
+    flags = ("--knob", "EVAL_OFFSET=0:29", "--trials", "1", "--final-seeds", "2")
+    first, second = final_seeds("CPU", 2)
+    finals = tmp_path / "res" / "CPU.finals"
+    out = tmp_path / "first.out"
+    with open(out, "w") as f:
+        driver = subprocess.Popen(search_command(tmp_path, *flags), env=env, cwd=ROOT, stdout=f,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    wait_for(driver, finals / "1" / "sourced" / f"seed{second}.out", "epoch 1:")
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    orphans = leftovers(tmp_path)
+    assert orphans, "the killed driver's finalist should still be running"
+    result = search(tmp_path, env, *flags)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[:2] == [
+        f"search: finalist sourced seed {second} was running when the last driver stopped: its processes ended, "
+        "run again",
+        f"search: finalist sourced seed {first} ended under an earlier driver: its log "
+        f"{finals / '1' / 'sourced' / f'seed{first}.log'} is scored, not run again"], result.stdout
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in orphans)
+    assert "run_stop" not in (finals / "1" / "sourced" / f"seed{second}.log").read_text()  # ended, not waited for
+    assert sorted(os.listdir(finals / "2" / "sourced")) == [f"seed{second}.log", f"seed{second}.out"]
+    sourced = next(line for line in result.stdout.splitlines() if line.startswith("sourced "))
+    assert sourced.split()[1:5] == ["30.00", "30", "30", "2/2"], result.stdout
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.slow
 def test_sigterm_to_the_driver_ends_its_trials_and_says_how_to_continue(tiny_data, tmp_path):
     out = tmp_path / "driver.out"
     with open(out, "w") as f:

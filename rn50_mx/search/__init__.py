@@ -160,6 +160,8 @@ def search(s, args, knobs):
         trials_there = output.trials_folder(args.results, args.study)
         if not study.get_trials(deepcopy=False) and os.path.isdir(trials_there) and os.listdir(trials_there):
             raise output.earlier_runs(trials_there, args.study)
+        record = finals.Record(study)
+        record.end_orphans()  # before any trial: a finalist left going holds the devices
         loop = driver.Driver(s, args, knobs, study, args.results)
         try:
             loop.run()
@@ -180,8 +182,7 @@ def search(s, args, knobs):
         sets = [("sourced", space.start(s, knobs))] + [(f"trial {t.number}", {k.env: t.params[k.env] for k in knobs})
                                                       for t in best if t.params != space.start(s, knobs)]
         seeds = driver.final_seeds(args.study, args.final_seeds)
-        rows = finals.run_sets(s, sets, knobs, seeds, output.finals_folder(args.results, args.study), args,
-                               mlperf_rules.DEFAULT_RULESET)
+        rows = finals.run_sets(s, sets, knobs, seeds, args, mlperf_rules.DEFAULT_RULESET, record)
         table = {name: (params, rows[name]) for name, params in sets}
         print(output.table(table, args.mode))
         key = "epochs" if args.objective == "epochs" else "minutes"

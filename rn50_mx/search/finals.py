@@ -6,7 +6,7 @@ import time
 from statistics import mean
 
 from .. import mlperf_rules, timing
-from . import space, trials
+from . import launchers, output, space, trials
 
 
 def olympic(values):
@@ -15,22 +15,75 @@ def olympic(values):
     return mean(values[1:-1] if len(values) >= 3 else values)
 
 
-def run_sets(s, sets, knobs, seeds, folder, args, ruleset):
+class Record:
+    """The finals' runs in the study (its user attribute "finals"), as the trials' are: each started run's set
+    values, seed, folder, launcher and launcher record, and whether a driver saw it end. A driver killed during the
+    finals leaves a run going and its log half written: the next driver ends it (launchers.end_recorded: only while
+    its leader is the run started) and runs it again; a run that ended under a driver is scored from its log, not
+    run again."""
+
+    def __init__(self, study):
+        self.study, self.runs = study, list(study.user_attrs.get("finals", []))
+
+    def save(self):
+        self.study.set_user_attr("finals", self.runs)
+
+    def end_orphans(self):
+        """End and forget the runs a killed driver left going."""
+        orphans = [run for run in self.runs if not run["ended"]]
+        for run in orphans:
+            launchers.end_recorded(run["record"])
+            print(f"search: finalist {run['set']} seed {run['seed']} was running when the last driver stopped: its "
+                  "processes ended, run again", flush=True)
+        if orphans:
+            self.runs = [run for run in self.runs if run["ended"]]
+            self.save()
+
+    def ended(self, params, seed):
+        """The run of values `params` on `seed` that ended under a driver, or None."""
+        return next((run for run in self.runs if run["ended"] and run["params"] == params and run["seed"] == seed),
+                    None)
+
+    def started(self, name, params, run, kind):
+        entry = dict(set=name, params=params, seed=run.seed, folder=run.folder, launcher=kind,
+                     record=run.started.record, ended=False)
+        self.runs.append(entry)
+        self.save()
+        return entry
+
+    def finished(self, entry):
+        entry["ended"] = True
+        self.save()
+
+
+def run_sets(s, sets, knobs, seeds, args, ruleset, record):
     """{name: row} for each (name, params) of `sets`, every set on every seed of `seeds`, --parallel runs at once
-    through --launcher. The sets take turns seed by seed, so that a machine's slow spell falls on all of them
-    alike (their minutes are compared side by side)."""
-    pending = [(name, params, seed) for seed in seeds for name, params in sets]
-    running, done = [], {name: [] for name, _ in sets}
+    through --launcher in a new STUDY.finals/N (made when a run starts there); a run that `record` (a Record) holds as
+    ended is scored from its log instead. The sets take turns seed by seed, so that a machine's slow spell falls on
+    all of them alike (their minutes are compared side by side)."""
+    pending, folder, running = [], None, []
+    done = {name: [] for name, _ in sets}
+    for seed in seeds:
+        for name, params in sets:
+            kept = record.ended(params, seed)
+            if kept is None:
+                pending.append((name, params, seed))
+                continue
+            done[name].append(trials.Run(space.apply(s, params, knobs), kept["folder"], seed, kept["launcher"]))
+            print(f"search: finalist {name} seed {seed} ended under an earlier driver: its log "
+                  f"{done[name][-1].log} is scored, not run again", flush=True)
     while pending or running:
         while pending and len(running) < args.parallel:
             name, params, seed = pending.pop(0)
+            folder = folder or output.finals_folder(args.results, args.study)
             sub = os.path.join(folder, name.replace(" ", "-"))
             os.makedirs(sub, exist_ok=True)
             run = trials.Run(space.apply(s, params, knobs), sub, seed, args.launcher)
             run.start()
-            running.append((name, run))
+            running.append((name, run, record.started(name, params, run, args.launcher)))
         for item in [r for r in running if r[1].done()]:
             running.remove(item)
+            record.finished(item[2])
             done[item[0]].append(item[1])
         time.sleep(0.5)
     return {name: row(done[name], space.apply(s, params, knobs), ruleset, args.mode) for name, params in sets}
