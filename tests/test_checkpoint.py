@@ -641,6 +641,20 @@ def test_evaluate_refuses_a_model_without_its_settings(recs, tmp_path_factory, t
     assert_one_line_naming(evaluate(recs, 1, "--model", prefix), why)
 
 
+def test_evaluate_of_a_graph_that_fails_on_the_data_is_one_line(recs, tmp_path):
+    """Issue 33 item 20: SymbolBlock.imports only parses a saved symbol; its graph first runs on the first val batch,
+    where MXNet's shape inference fails (here a 64x64 kernel on the 32x32 images)."""
+    prefix = str(tmp_path / "model")
+    mx.sym.flatten(mx.sym.Convolution(mx.sym.var("data"), kernel=(64, 64), num_filter=3, name="conv")).save(
+        prefix + "-symbol.json")
+    mx.nd.save(prefix + "-0000.params", {"arg:conv_weight": mx.nd.zeros((3, 3, 64, 64)),
+                                         "arg:conv_bias": mx.nd.zeros(3)})
+    recorded = dict(image_shape=FLAGS["image_shape"], num_classes=FLAGS["num_classes"],
+                    input_layout=Settings().input_layout)
+    (tmp_path / "model-settings.json").write_text(json.dumps(recorded))
+    assert_one_line_naming(evaluate(recs, 1, "--model", prefix), f"--model {prefix}: the model fails on this data (")
+
+
 @pytest.mark.parametrize("extra,name", [
     ([], "give one of --model PATH and --checkpoint-dir DIR"),
     (["--model", "/nonexistent/m"], "/nonexistent/m-0000.params"),
