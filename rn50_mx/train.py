@@ -57,6 +57,7 @@ def train_epoch(net, loss_fn, trainer, train_it, pos, s, stops, average, updates
         if updates and epoch and updates.factor(epoch) != updates.factor(epoch - 1):
             log.batch_change(s, epoch)
         train_it.reset()
+    factor = updates.factor(epoch) if updates else 1
     tic = time.time()
     loss_sum, images, resumed = mx.nd.array([pos.loss], ctx=train_it.context), pos.images, pos.images
     for batch in train_it:
@@ -71,7 +72,7 @@ def train_epoch(net, loss_fn, trainer, train_it, pos, s, stops, average, updates
         if pos.step % s.disp_batches == 0 and log.is_rank0():
             loss_sum.wait_to_read()  # the engine runs behind Python: wait for it, or the speed is fiction
             progress(epoch, pos.step, steps, (images - resumed) / (time.time() - tic), trainer.learning_rate)
-        if stops.agreed(epoch * steps + pos.step, size or 1):
+        if stops.agreed(epoch * steps + pos.step, factor):
             pos.loss, pos.images = float(loss_sum.asscalar()), images
             return None
     mean_loss = loss_sum.asscalar() / max(images, 1)  # the one sync point of the epoch

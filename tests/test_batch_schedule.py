@@ -137,7 +137,7 @@ def schedule_worker(out, *flags):
 
     train.train_step, hvd.DistributedTrainer._allreduce_grads, train.fit = recording_step, counting, fit_and_save
     ema.Off.update = lambda self, n: calls["ema"].append(n)
-    checkpoint.NoStops.agreed = lambda self, step, steps=1: calls["stops"].append([step, steps]) and False
+    checkpoint.NoStops.agreed = lambda self, step, factor=1: calls["stops"].append([step, factor]) and False
     sys.argv = ["rn50_mx.train", *flags]
     run_cli(train.main, "rn50_mx.train")
 
@@ -150,11 +150,11 @@ def unique24(tmp_path_factory):
 
 @pytest.mark.slow
 def test_two_ranks_see_every_image_once_an_epoch_across_factor_changes(unique24, tmp_path):
-    """2 Gloo ranks of 2 images a step, 6 steps an epoch, factor 1, then 2 from epoch 1 and 4 from epoch 2 (its
-    6 steps: an update of 4 and a short one of 2). Each epoch the two ranks' steps hold the 24 images once; both
-    ranks end the same updates, allreduce once per update (2 warm-up steps + 6 + 3 + 2), and call the EMA (with the update count)
-    and the stop agreement (with the run's step and the update's steps) at update ends only; their weights agree. The log is open and says each
-    epoch's update batch."""
+    """2 Gloo ranks of 2 images a step, 6 steps an epoch, factor 1, then 2 from epoch 1 and 4 from epoch 2 (its 6 steps:
+    an update of 4 and a short one of 2). Each epoch the two ranks' steps hold the 24 images once; both ranks end the
+    same updates, allreduce once per update (2 warm-up steps + 6 + 3 + 2), and call the EMA (with the update count) and
+    the stop agreement (with the run's step and the epoch's factor) at update ends only; their weights agree. The log is
+    open and says each epoch's update batch."""
     log_file = str(tmp_path / "mlperf.log")
     flags = dict(data_train=unique24 + ".rec", data_val=unique24 + ".rec", num_classes=24, image_shape="3,32,32",
                  batch_size=2, num_epochs=3, warmup_epochs=1, lr=0.5, eval_offset=2, eval_period=4,
@@ -172,7 +172,7 @@ def test_two_ranks_see_every_image_once_an_epoch_across_factor_changes(unique24,
         assert [[update for _, update in steps[e * 6:(e + 1) * 6]] for e in range(3)] == sizes
         assert rank["allreduce"] == 2 + 11 and rank["num_update"] == 11
         assert rank["ema"] == list(range(1, 12))
-        assert rank["stops"] == [[step, 1] for step in range(1, 7)] + [[8, 2], [10, 2], [12, 2], [16, 4], [18, 2]]
+        assert rank["stops"] == [[step, 1] for step in range(1, 7)] + [[8, 2], [10, 2], [12, 2], [16, 4], [18, 4]]
     for epoch in range(3):
         images = [label for rank in ranks for labels, _ in rank["seen"][2 + epoch * 6:2 + (epoch + 1) * 6]
                   for label in labels]
@@ -191,11 +191,11 @@ def test_two_ranks_see_every_image_once_an_epoch_across_factor_changes(unique24,
 
 @pytest.mark.slow
 def test_a_stop_lands_one_update_after_the_signal_s_and_resumes_exactly(three_classes, tmp_path):
-    """Every update sums 3 steps (2 updates an epoch, 6 in the run). SIGTERM once update 1 (steps 1-3) has ended:
-    Python has queued update 2 and waits for its end; the check there (its update holds step 4) carries the request
-    and the next check (update 3 holds step 8) reads it: the stop lands after update 3, step 3 of epoch 2 (step-9),
-    between updates. The resumed run's evals and final model equal the uninterrupted run's bit for bit. Counting
-    updates, the checks came at updates 4 and 8: the stop never landed and the run ended, exit 0."""
+    """Every update sums 3 steps (2 updates an epoch, 6 in the run). SIGTERM once update 1 (steps 1-3) and its check
+    have ended: Python has queued update 2 and waits for its end; the check there carries the request and the next one
+    reads it: the stop lands after update 3, step 3 of epoch 2 (step-9), between updates. The resumed run's evals and
+    final model equal the uninterrupted run's bit for bit. Counting updates, the checks came at updates 4 and 8: the
+    stop never landed and the run ended, exit 0."""
     recs = os.path.join(three_classes, "train.rec"), os.path.join(three_classes, "val.rec")
     lever = dict(batch_schedule="0:3", num_epochs=3, submission_division="open")
     reference = runs.run(recs, 1, tmp_path / "whole.txt", save_model=tmp_path / "whole", **lever)

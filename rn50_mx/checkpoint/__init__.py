@@ -23,9 +23,9 @@ fsyncs, and renames the folder to step-N: that one rename makes it current. The 
 found corrupt falls back to it); older ones are deleted. DIR/lock keeps a second run off the folder.
 
 Stopping: with a checkpoint folder, SIGTERM and SIGUSR1 (what Slurm's --signal sends before the time limit) only ask
-for a stop. Every CHECK_PERIOD steps (with --batch-schedule, at the end of the update holding such a step) the ranks
-sum their requests in a tiny allreduce that is read at the next such check, so that no step waits for it; all ranks see
-the same sum at the same update end, write a checkpoint there and exit 75.
+for a stop. Every CHECK_PERIOD steps (with --batch-schedule, at every update end of several steps) the ranks sum their
+requests in a tiny allreduce that is read at the next check, so that no step waits for it; all ranks see the same sum
+at the same update end, write a checkpoint there and exit 75.
 Without a folder nothing changes: the default actions end a rank at once (dist.py says why).
 
 The parts: disk.py (durable writes, the checks of meta.json), folder.py (the lock, the choice, writing and reading,

@@ -8,7 +8,7 @@ RESUMABLE_EXIT = 75  # the exit status of a resumable stop (EX_TEMPFAIL), which 
 
 
 class Stops:
-    """SIGTERM and SIGUSR1 ask for a stop; `agreed(step, steps)` says, on every rank alike, when the ranks have agreed
+    """SIGTERM and SIGUSR1 ask for a stop; `agreed(step, factor)` says, on every rank alike, when the ranks have agreed
     to stop. A second signal ends the process at once, as without a checkpoint folder."""
 
     def __init__(self, d):
@@ -22,17 +22,16 @@ class Stops:
             os.kill(os.getpid(), signum)
         self.asked = True
 
-    def agreed(self, step, steps=1):
-        """After step `step` of the run, which ends an update of `steps` steps (more than 1 with --batch-schedule
-        only, whose stops fall between updates): whether any rank had asked at the check before.
+    def agreed(self, step, factor=1):
+        """After step `step` of the run, the end of an update in an epoch of `factor` steps per update (more than 1
+        with --batch-schedule only): whether any rank had asked at the check before.
 
-        A check comes at the end of each update that holds a step of the run divisible by CHECK_PERIOD (every
-        CHECK_PERIOD steps; every update when updates are longer) and reads the previous check's sum, so a stop lands
-        by the end of the update that holds the 8th step after its signal; with updates longer than
-        CHECK_PERIOD steps, at the end of the update after the signal's. Every rank counts the same steps and so stops
-        at the same one. Counting updates instead put a stop 4 to 8 updates late, past the end of a run of fewer than
-        8 updates (issue 33 item 18)."""
-        if step // CHECK_PERIOD == (step - steps) // CHECK_PERIOD:
+        Checks come every CHECK_PERIOD steps, and at every update end in an epoch of factor > 1, each reading the
+        previous one's allreduce: a stop lands 4 to 8 steps after its signal, or, with updates of several steps, at
+        the end of the update after the signal's (across a change of factor, at the second check after it); never
+        inside an update. Every rank counts the same steps, so all stop at the same one. Checks counted in updates
+        put a stop 4 to 8 updates late, past the end of a run of fewer than 8 updates (issue 33 item 18)."""
+        if factor == 1 and step % CHECK_PERIOD:
             return False
         pending = self.pending
         self.pending = self.d.host_sum([self.asked])
@@ -48,5 +47,5 @@ def default_signals():
 class NoStops:
     """Without a checkpoint folder: the signals keep their default actions and no step checks anything."""
 
-    def agreed(self, step, steps=1):
+    def agreed(self, step, factor=1):
         return False

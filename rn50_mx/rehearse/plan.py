@@ -15,7 +15,7 @@ from ..prep_rec.folders import pack_train_val
 SIDE = 64  # pixels of the shrunk training crop: every stage of ResNet-50 still has a 2x2 map
 BATCH = 4  # images per rank per step
 STEPS = 3  # steps per epoch
-MIN_EPOCHS = 3  # a stop asked at step 1 lands by the update holding step 9 (checkpoint.stops): epoch 2 or 3
+MIN_EPOCHS = 3  # a stop asked at step 1 lands by step 8 or an update later (checkpoint.stops): epoch 2 or 3
 CLASSES, TRAIN_PER_CLASS, VAL_PER_CLASS = 4, 8, 4
 
 
