@@ -95,7 +95,9 @@ def plan_text(s, knobs, args):
              f"budget: {args.trials} trials of {args.seeds_per_trial} seed(s) or {args.hours:g} h, {args.parallel} at "
              f"once; pruning: a diverging run at once, a run behind the best curve after {args.prune_share:.0%} of "
              "its horizon",
-             f"finalists: the best {args.finalists} and the sourced settings on {args.final_seeds} fresh seeds each",
+             f"finalists: the best {args.finalists} and the sourced settings on {args.final_seeds} fresh seeds each; "
+             f"only a set that reaches the target on all of them can win (a set that misses 1 seed in 5 misses one "
+             f"here {1 - 0.8 ** args.final_seeds:.0%} of the time)",
              f"cost at most: {epochs} epochs of training ({epochs} x the minutes of one epoch at this batch; "
              f"x {s.world_size} GPUs for GPU-hours)"]
     return "\n".join(lines)
