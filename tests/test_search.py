@@ -206,6 +206,53 @@ def test_a_killed_driver_s_finalist_is_ended_and_its_half_written_log_never_scor
     assert leftovers(tmp_path) == []
 
 
+def planted_study(tmp_path, trial_runs=None, finals=None):
+    """The study 'CPU' as another program could leave it: a RUNNING trial whose run record is `trial_runs`, and the
+    finals' records `finals`."""
+    import optuna
+
+    (tmp_path / "res").mkdir()
+    study = optuna.create_study(study_name="CPU", storage=f"sqlite:///{tmp_path / 'res' / 'CPU.db'}")
+    if trial_runs is not None:
+        study.ask().set_user_attr("runs", trial_runs)
+    if finals is not None:
+        study.set_user_attr("finals", finals)
+
+
+def finals_entry(folder, record=("pgid", 999_999, None)):
+    return dict(set="sourced", params={"EVAL_OFFSET": 1}, seed=910_000, folder=str(folder), launcher="local",
+                record=list(record), ended=False)
+
+
+PLANTED = [  # (what the study holds, the one line): a record the next driver would act on, not written by a search
+    ("a trial's record of pgid 0 (the driver's own group)", dict(trial_runs=[["pgid", 0, None]]),
+     "study 'CPU', trial 0: the run record ['pgid', 0, None] is not a process group"),
+    ("a trial's record of pgid 1", dict(trial_runs=[["pgid", 1, 5]]), "the run record ['pgid', 1, 5] is not"),
+    ("a trial's record that is a string", dict(trial_runs=["pgid 42"]), "the run record 'pgid 42' is not"),
+    ("a finalist whose log lies elsewhere", dict(finals=[finals_entry("/tmp/elsewhere/1/sourced")]),
+     "study 'CPU', finals: a run [{'set': 'sourced'"),
+    ("a finalist with a pgid 0 record", dict(finals=[finals_entry("RES/CPU.finals/1/sourced", ("pgid", 0, None))]),
+     "study 'CPU', finals: the run record ['pgid', 0, None] is not"),
+    ("finals that are not a list", dict(finals={"set": "sourced"}), "study 'CPU', finals: a run {'set': 'sourced'}"),
+]
+
+
+@pytest.mark.parametrize("planted,says", [p[1:] for p in PLANTED], ids=[p[0] for p in PLANTED])
+def test_a_study_s_records_that_a_search_did_not_write_are_refused_before_any_signal(tiny_data, tmp_path, planted,
+                                                                                     says):
+    """Trial and finalist records are read back to end what a killed driver left (signals to a process group) and
+    to score a finalist's log: read from a database anyone can write, each is checked first. The old code signalled
+    pgid 0, the driver's own group (it stopped itself: "search: stopped", exit 130), took a string record apart
+    letter by letter and went on, and scored the log of the folder an ended finalist's record named, wherever it
+    lay (a FileNotFoundError traceback from the compliance checker when none was there)."""
+    if "finals" in planted and isinstance(planted["finals"], list):
+        planted["finals"][0]["folder"] = planted["finals"][0]["folder"].replace("RES", str(tmp_path / "res"))
+    planted_study(tmp_path, **planted)
+    result = search(tmp_path, environ(tiny_data), "--knob", "EVAL_OFFSET=0:1", "--trials", "1", "--final-seeds", "1")
+    assert_one_line_naming(result, says)
+    assert not (tmp_path / "res" / "CPU.trials").exists() and not (tmp_path / "res" / "CPU.finals").exists()
+
+
 @pytest.mark.slow
 def test_sigterm_to_the_driver_ends_its_trials_and_says_how_to_continue(tiny_data, tmp_path):
     out = tmp_path / "driver.out"

@@ -162,7 +162,7 @@ def search(s, args, knobs):
         trials_there = output.trials_folder(args.results, args.study)
         if not study.get_trials(deepcopy=False) and os.path.isdir(trials_there) and os.listdir(trials_there):
             raise output.earlier_runs(trials_there, args.study)
-        record = finals.Record(study)
+        record = finals.Record(study, args)
         record.end_orphans()  # before any trial: a finalist left going holds the devices
         loop = driver.Driver(s, args, knobs, study, args.results)
         try:

@@ -65,7 +65,7 @@ class Driver:
 
         for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             for record in t.user_attrs.get("runs", []):
-                launchers.end_recorded(record)
+                launchers.end_recorded(record, f"{self.args.storage}: study {self.args.study!r}, trial {t.number}")
             self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
             self.study.enqueue_trial(t.params or t.system_attrs.get("fixed_params", {}), skip_if_exists=False)
             print(f"search: trial {t.number} was running when the last driver stopped: its processes ended, "

@@ -6,6 +6,7 @@ import time
 from statistics import mean
 
 from .. import mlperf_rules, timing
+from ..errors import InputError
 from . import launchers, output, space, trials
 
 
@@ -22,8 +23,24 @@ class Record:
     its leader is the run started) and runs it again; a run that ended under a driver is scored from its log, not
     run again."""
 
-    def __init__(self, study):
-        self.study, self.runs = study, list(study.user_attrs.get("finals", []))
+    KEYS = {"set", "params", "seed", "folder", "launcher", "record", "ended"}
+
+    def __init__(self, study, args):
+        self.study, self.runs = study, study.user_attrs.get("finals", [])
+        self.where = f"{args.storage}: study {args.study!r}, finals"
+        parent = os.path.dirname(output.finals_folder_path(args.results, args.study, 1))
+        if not isinstance(self.runs, list) or not all(self.usable(run, parent) for run in self.runs):
+            raise InputError(f"{self.where}: a run {self.runs!r:.200} is not one this search recorded (its set, values, "
+                             f"seed, launcher, record and a folder in {parent})")
+        for run in self.runs:
+            launchers.check_record(run["record"], self.where)
+
+    def usable(self, run, parent):
+        """Whether `run`, read back from the study, is what started() writes: the folder it names is scored."""
+        return (isinstance(run, dict) and set(run) == self.KEYS and isinstance(run["params"], dict)
+                and launchers.is_count(run["seed"], 0) and run["launcher"] in launchers.KINDS
+                and isinstance(run["ended"], bool) and isinstance(run["folder"], str)
+                and os.path.dirname(os.path.dirname(run["folder"])) == parent)
 
     def save(self):
         self.study.set_user_attr("finals", self.runs)
@@ -32,7 +49,7 @@ class Record:
         """End and forget the runs a killed driver left going."""
         orphans = [run for run in self.runs if not run["ended"]]
         for run in orphans:
-            launchers.end_recorded(run["record"])
+            launchers.end_recorded(run["record"], self.where)
             print(f"search: finalist {run['set']} seed {run['seed']} was running when the last driver stopped: its "
                   "processes ended, run again", flush=True)
         if orphans:

@@ -141,9 +141,26 @@ def start(kind, s, folder, seed, out):
     return Job(s, out, env)
 
 
-def end_recorded(record):
-    """End what a killed driver's run left, from its record: a process group (only if its leader is still the one
-    started: children.stop_recorded_group), or a Slurm job."""
+def is_count(value, low):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def check_record(record, where):
+    """A run's record as the study holds it, which the next driver acts on: ["pgid", pid, start ticks or None] or
+    ["job", id]. The database may be another's: a pgid of 0 or 1 would signal the driver's own process group or
+    every process, so anything else is one line naming `where`."""
+    if not (isinstance(record, list) and (
+            len(record) == 3 and record[0] == "pgid" and is_count(record[1], 2)
+            and (record[2] is None or is_count(record[2], 0))
+            or len(record) == 2 and record[0] == "job" and is_count(record[1], 1))):
+        raise InputError(f"{where}: the run record {record!r} is not a process group ['pgid', pid > 1, start] or a "
+                         "Slurm job ['job', id]; this search did not write it")
+
+
+def end_recorded(record, where):
+    """End what a killed driver's run left, from its record (check_record's, `where` naming it): a process group
+    (only if its leader is still the one started: children.stop_recorded_group), or a Slurm job."""
+    check_record(record, where)
     kind, ident, *started = record
     if kind == "pgid":
         if not children.stop_recorded_group(ident, started[0] if started else None):

@@ -40,12 +40,17 @@ def trial_folder(results, study, number):
     return folder
 
 
+def finals_folder_path(results, study, n):
+    """Run `n` of the finals' folder (of the sets' folders): RESULTS/STUDY.finals/N."""
+    return os.path.join(results, f"{study}.finals", str(n))
+
+
 def finals_folder(results, study):
     """This run of the finals' folder, STUDY.finals/N with the first N not there, made here: a second run of the
     finals keeps the first's logs and never reads them."""
-    parent = os.path.join(results, f"{study}.finals")
+    parent = os.path.dirname(finals_folder_path(results, study, 1))
     for n in range(1, 1_000_000):
-        folder = os.path.join(parent, str(n))
+        folder = finals_folder_path(results, study, n)
         try:
             made_folder(parent)
             os.mkdir(folder)
