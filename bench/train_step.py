@@ -3,7 +3,7 @@
 Synthetic batches against the real DALI pipeline, and a hybridized network against an imperative one, side by
 side in one run.
 
-    .venv/bin/python bench/train_step.py [--rounds 5] [--steps 5] [--per-class 100] [--sweep]
+    .venv/bin/python bench/train_step.py [--rounds 5] [--steps 5] [--per-class 100] [--sweep | --dtypes]
                                          [rn50_mx.train flags, e.g. --dali-threads 1]
 
 The configuration is config/CPU.sh's (sourced: image shape, batch, classes, DALI threads, LARS, and
@@ -28,6 +28,12 @@ training keeps busy, and unlike the wall-clock ratio it hardly moves when other 
 OMP_NUM_THREADS and OMP_WAIT_POLICY must be set before MXNet loads; DALI threads and prefetch depth are flags.
 
 Last line: real/synthetic and hybridized/imperative, each for both of the other's two cases.
+
+--dtypes instead times float32 against bfloat16 (a CPU with avx512_bf16 or amx_bf16) on synthetic batches and the
+hybridized network: the whole step, and forward and backward alone (the step without the optimizer), so that the
+optimizer's share is their difference. Measured 2026-11-27 on the demo's 2 cores, quiet, 3 rounds x 10 steps
+(ms/step): forward+backward 273.5 float32, 229.8 bfloat16 (x1.19); the whole step 397.9 and 427.5 (x0.93): the
+optimizer took 124 ms in float32 and 198 ms in bfloat16, whose update runs unfused on float32 masters (optim.Masters).
 
 Measured on 2 cores shared with two other trainings (MXNet 1.9.1, DALI 2.4; wall rates swing 25 % between
 rounds there): real/synthetic 0.99-1.12, the input taking 0.4 % of the CPU (DALI alone: ~17,000 images per
@@ -69,6 +75,8 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=5, help="timed steps per contender and round")
     parser.add_argument("--per-class", type=int, default=100, help="Fashion-MNIST train photographs per class")
     parser.add_argument("--sweep", action="store_true", help="also compare thread settings in fresh processes")
+    parser.add_argument("--dtypes", action="store_true", help="time float32 against bfloat16 instead: the step, and "
+                                                              "forward+backward alone")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_known_args(argv)
 
@@ -128,6 +136,44 @@ def compare(s, args, modes, verbose):
                            on_round=show if verbose else None)
 
 
+def forward_backward(net, loss_fn, batch):
+    """train.train_step without the optimizer: what the network alone costs."""
+    import mxnet as mx
+
+    x, y = batch.data[0], batch.label[0]
+    with mx.autograd.record():
+        loss = loss_fn(net(x), y)
+    loss.backward()
+    return loss.sum()
+
+
+def dtypes(s, args):
+    """float32 against bfloat16 on synthetic batches: the step and forward+backward, ms per step and the ratios."""
+    import functools
+
+    import mxnet as mx
+
+    from rn50_mx import data, dist, train
+
+    runs, ctx = {}, mx.cpu()
+    for dtype in ("float32", "bfloat16"):
+        low = s.replace(dtype=dtype, synthetic=True)
+        config.validate(low)  # bfloat16 on a CPU without its instructions: config's one line
+        net, loss_fn, trainer = train.parts(low, ctx, data.steps_per_epoch(low, 1), dist.Single().trainer)
+        batches = measure.batches(low, ctx, 1)
+        runs[f"{dtype} step"] = (functools.partial(train.train_step, net, loss_fn, trainer), batches)
+        runs[f"{dtype} forward+backward"] = (functools.partial(forward_backward, net, loss_fn), batches)
+    m = measure.compare(runs, s.batch_size, args.rounds, args.steps)
+    ms = {name: 1000 * s.batch_size / rate.images_per_s for name, rate in m.items()}
+    for name, value in ms.items():
+        print(f"  {name:26s} {value:6.1f} ms/step  {m[name].images_per_s:6.1f} images/s")
+    for dtype in ("float32", "bfloat16"):
+        optimizer = ms[f"{dtype} step"] - ms[f"{dtype} forward+backward"]
+        print(f"  {dtype} optimizer (step - forward+backward): {optimizer:.1f} ms")
+    print(f"bfloat16/float32 speed: step x{ms['float32 step'] / ms['bfloat16 step']:.2f}, forward+backward "
+          f"x{ms['float32 forward+backward'] / ms['bfloat16 forward+backward']:.2f}")
+
+
 def worker(args, train_flags):
     """One --sweep process: real against synthetic on the imperative network, as one JSON line."""
     medians = compare(settings(args, train_flags), args, ["imperative"], verbose=False)
@@ -166,6 +212,8 @@ def main():
     print(f"config/CPU.sh: ResNet-50, {s.image_shape} images, batch {s.batch_size}, {s.num_classes} classes, "
           f"{s.dali_threads} DALI threads, prefetch {s.dali_prefetch_queue}; OMP_NUM_THREADS="
           f"{os.environ.get('OMP_NUM_THREADS', 'unset')}; extra flags: {' '.join(train_flags) or '-'}")
+    if args.dtypes:
+        return dtypes(s, args)
     m = compare(s, args, ["imperative", "hybridized"], verbose=True)
     print(f"medians of {args.rounds} rounds x {args.steps} steps (after {measure.DRAIN} untimed): images/s, "
           "images per CPU-second of the process, share of the time in next():")
