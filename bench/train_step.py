@@ -32,8 +32,8 @@ Last line: real/synthetic and hybridized/imperative, each for both of the other'
 --dtypes instead times float32 against bfloat16 (a CPU with avx512_bf16 or amx_bf16) on synthetic batches and the
 hybridized network: the whole step, and forward and backward alone (the step without the optimizer), so that the
 optimizer's share is their difference. Measured 2026-11-27 on the demo's 2 cores, quiet, 3 rounds x 10 steps
-(ms/step): forward+backward 273.5 float32, 229.8 bfloat16 (x1.19); the whole step 397.9 and 427.5 (x0.93): the
-optimizer took 124 ms in float32 and 198 ms in bfloat16, whose update runs unfused on float32 masters (optim.Masters).
+(ms/step): forward+backward 278.5 float32, 236.8 bfloat16 (x1.18); the whole step 344.8 and 437.8 (x0.79): the
+optimizer took 66 ms in float32 and 201 ms in bfloat16, whose update runs unfused on float32 masters (optim.Masters).
 
 Measured on 2 cores shared with two other trainings (MXNet 1.9.1, DALI 2.4; wall rates swing 25 % between
 rounds there): real/synthetic 0.99-1.12, the input taking 0.4 % of the CPU (DALI alone: ~17,000 images per
