@@ -485,10 +485,10 @@ def test_a_recorded_group_whose_pid_now_names_another_process_is_left_alone():
     proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
         started = children.started_at(proc.pid)
-        launchers.end_recorded(["pgid", proc.pid, started + 1])  # the recorded run started at another time
+        launchers.end_recorded(["pgid", proc.pid, started + 1], "test")  # the recorded run started at another time
         time.sleep(0.5)
         assert proc.poll() is None
-        launchers.end_recorded(["pgid", proc.pid, started])
+        launchers.end_recorded(["pgid", proc.pid, started], "test")
         assert proc.wait(timeout=15) == -signal.SIGTERM
     finally:
         proc.kill()
