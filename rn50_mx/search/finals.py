@@ -28,7 +28,7 @@ class Record:
     def __init__(self, study, args):
         self.study, self.runs = study, study.user_attrs.get("finals", [])
         self.where = f"{args.storage}: study {args.study!r}, finals"
-        parent = os.path.dirname(output.finals_folder_path(args.results, args.study, 1))
+        parent = output.finals_parent(args.results, args.study)
         if not isinstance(self.runs, list) or not all(self.usable(run, parent) for run in self.runs):
             raise InputError(f"{self.where}: a run {self.runs!r:.200} is not one this search recorded (its set, values, "
                              f"seed, launcher, record and a folder in {parent})")

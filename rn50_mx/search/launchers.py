@@ -142,6 +142,7 @@ def start(kind, s, folder, seed, out):
 
 
 def is_count(value, low):
+    """An int of at least `low`, read back from JSON (where true is not 1)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 

@@ -40,17 +40,18 @@ def trial_folder(results, study, number):
     return folder
 
 
-def finals_folder_path(results, study, n):
-    """Run `n` of the finals' folder (of the sets' folders): RESULTS/STUDY.finals/N."""
-    return os.path.join(results, f"{study}.finals", str(n))
+def finals_parent(results, study):
+    """The folder of every run of the study's finals, RESULTS/STUDY.finals: a recorded finalist's log is read there
+    only."""
+    return os.path.join(results, f"{study}.finals")
 
 
 def finals_folder(results, study):
     """This run of the finals' folder, STUDY.finals/N with the first N not there, made here: a second run of the
     finals keeps the first's logs and never reads them."""
-    parent = os.path.dirname(finals_folder_path(results, study, 1))
+    parent = finals_parent(results, study)
     for n in range(1, 1_000_000):
-        folder = finals_folder_path(results, study, n)
+        folder = os.path.join(parent, str(n))
         try:
             made_folder(parent)
             os.mkdir(folder)
