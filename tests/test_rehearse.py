@@ -24,11 +24,15 @@ GPU_ONLY_WORDS = "this says nothing of whether the GPU run will work"
 
 def rehearse(system, *args, env=None, timeout=900, config_dir="config"):
     """`source <config_dir>/<system>.sh && python -m rn50_mx.rehearse ARGS` (with `env` exported after the config)."""
-    exports = "".join(f"export {name}={value!r}; " for name, value in (env or {}).items())
-    script = (f"set -euo pipefail; source {config_dir}/{system}.sh; {exports}"
+    script = (f"set -euo pipefail; source {config_dir}/{system}.sh; {exports(env or {})}"
               f"exec {sys.executable} -m rn50_mx.rehearse {' '.join(args)}")
     return subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env={"PATH": ENV_PATH, "HOME": os.environ.get("HOME", "/tmp"), **PYTHONPATH})
+
+
+def exports(env):
+    """bash's exports of the variables {name: value}."""
+    return "".join(f"export {name}={value!r}; " for name, value in env.items())
 
 
 def rows(text):
@@ -54,11 +58,16 @@ def test_the_shipped_config_rehearses_end_to_end(tmp_path):
     assert "8 ranks (1 x 8) -> 2 on this machine" in result.stdout
 
 
+def sourced(path, **env):
+    """The environment a config file makes (sourced in a clean bash), the variables `env` exported after it."""
+    out = subprocess.run(["bash", "-c", f'source "$1" && {exports(env)}env -0', "bash", path], capture_output=True,
+                         text=True, env={"PATH": ENV_PATH}).stdout
+    return dict(kv.split("=", 1) for kv in out.split("\0") if "=" in kv)
+
+
 def settings_of(path):
-    """The settings a config file gives (sourced in a clean bash)."""
-    out = subprocess.run(["bash", "-c", 'source "$1" && env -0', "bash", path], capture_output=True, text=True,
-                         env={"PATH": ENV_PATH}).stdout
-    return config.load([], environ=dict(kv.split("=", 1) for kv in out.split("\0") if "=" in kv))
+    """The settings a config file gives."""
+    return config.load([], environ=sourced(path))
 
 
 @pytest.fixture(scope="module")
@@ -109,12 +118,22 @@ def test_every_gpu_config_s_code_path_rehearses(configs, tmp_path):
 
 
 @pytest.mark.slow
-def test_float32_on_the_nhwc_layout_rehearses(tmp_path):
-    """GPU review 4, F1: DTYPE=float32 with NHWC (the batch schedule's way out of its float16 refusal) died at the
-    first BatchNorm on NVIDIA's MXNet, the fused kernels on for any dtype; the stand-in refuses as the fork does
-    ("Fused ReLU activation is only supported with float16 NHWC Batchnorm"), so the rehearsal failed there."""
-    result = rehearse("NF5688M6", "--quick", "--work", str(tmp_path / "work"), env={"DTYPE": "float32"})
-    assert result.returncode == 0 and rows(result.stdout)["train"][0] == "ok", result.stdout[-3000:]
+def test_float32_nhwc_with_a_batch_schedule_from_the_first_epoch_trains_stops_and_resumes(monkeypatch, tmp_path):
+    """Two configs a rehearsal failed that work, in one: DTYPE=float32 with NHWC and RN50_BATCH_SCHEDULE=0:2 (the
+    schedule's way out of its float16 refusal; an open-division lever), the stages as the command runs them.
+    - GPU review 4, F1: float32 NHWC died at the first BatchNorm on NVIDIA's MXNet, the fused kernels on for any
+      dtype; the stand-in refuses as the fork does ("Fused ReLU activation is only supported with float16 NHWC
+      Batchnorm"), so the train stage failed there.
+    - Two steps an update from the first epoch end no update at step 1, so the run never prints "epoch 1 step 1/":
+      the stop stage waited for that line until the run ended, then failed ("ended before")."""
+    environ = sourced(os.path.join(ROOT, "config", "NF5688M6.sh"), DTYPE="float32", RN50_BATCH_SCHEDULE="0:2",
+                      SUBMISSION_DIVISION="open")
+    for name, value in environ.items():  # the stages' commands inherit it, as under the command
+        monkeypatch.setenv(name, value)
+    s = config.load([], environ=environ)
+    shrunk = plan.shrink(s, 2, plan.generated_records(str(tmp_path / "data")))
+    _, reference = stages.train(shrunk, str(tmp_path))
+    assert "bit-identical" in stages.stop_and_resume(shrunk, str(tmp_path), reference)
 
 
 @pytest.mark.parametrize("system, args, env, name", [

@@ -126,7 +126,7 @@ def stop_and_resume(plan, work, reference):
     cmd = command(plan, "rn50_mx.train", checkpoint_dir=folder)
     with open(out, "w") as sink:
         proc = children.start(cmd, stdout=sink, stderr=sink)
-    wait(proc, out, until=r"epoch 1 step 1/")
+    wait(proc, out, until=r"epoch 1 step \d+/")  # the first update's end: step 1, or later with --batch-schedule
     os.kill(rank_pid(proc, 0), signal.SIGTERM)
     wait(proc, out)
     stopped = re.search(r"stopped at epoch (\d+) step (\d+)", open(out).read())
