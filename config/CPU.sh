@@ -19,8 +19,8 @@ export BATCHSIZE=128
 export LR=4.8  # python -m rn50_mx.search (bench/search.py): 3.67 epochs (olympic, 5 fresh seeds) against 4.0 at LR 4
 export WARMUP_EPOCHS=1
 # A 5-epoch horizon: a seed short of the target at epoch 4 gets a fifth. With 4, 2 of 11 seeds missed at 0.757 (issue
-# 35); search study demo-horizon, 6 fresh seeds each: both horizons reached it at epoch 4 on all 6, in 2.45 and 2.48
-# min (docs/cpu-demo.md lists every seed).
+# 35). `make demo NEXP=20`, 20 fresh seeds: all reached it, 18 at epoch 4 and 2 at epoch 5, in 2.21 to 2.84 min
+# (median 2.41); docs/cpu-demo.md lists every seed.
 export NUMEPOCHS=5
 export WD=5.0e-05
 export MOM=0.9
