@@ -6,11 +6,12 @@ to the target.
 
 Each contender is `python -m rn50_mx.train` as `make demo` runs it (config/CPU.sh sourced, one process) on the
 Fashion-MNIST that `make demo` packed (--data: train.rec and val.rec), with DTYPE=float32 or DTYPE=bfloat16 and
-nothing else changed; the flags given apply to both. Every seed runs both contenders, the order alternating from one
-seed to the next, so that other work on the machine weighs on both alike. The seeds are fresh: drawn at random
-unless --first-seed gives the first of consecutive ones (to repeat a bench). Per run: its status and top-1, the
-epochs to the target, the minutes from run_start to run_stop (MLPerf's score, rn50_mx.timing) and the median
-images/s and data wait of its epochs; the last lines give each dtype's medians and misses, and bfloat16 / float32.
+nothing else changed (the fallback off: a bfloat16 run never becomes float32); the flags given apply to both. Every
+seed runs both contenders, the order alternating from one seed to the next, so that other work on the machine weighs
+on both alike. The seeds are fresh: drawn at random unless --first-seed gives the first of consecutive ones (to
+repeat a bench). Per run: its status and top-1, the epochs to the target, the minutes from run_start to run_stop
+(MLPerf's score, rn50_mx.timing) and the median images/s and data wait of its epochs; the last lines give each
+dtype's medians and misses, and bfloat16 / float32.
 Each run's MLPerf log and output stay in results/bench-bfloat16/.
 
 bfloat16 needs a CPU with avx512_bf16 or amx_bf16: on another, the bench stops at the first bfloat16 run with
@@ -39,7 +40,7 @@ def train(dtype, seed, data, flags):
     name = os.path.join(RESULTS, f"{dtype}-seed{seed}")
     args = ["-m", "rn50_mx.train", "--data-train", os.path.join(data, "train.rec"), "--data-val",
             os.path.join(data, "val.rec"), "--seed", str(seed), "--mllog-file", name + ".log", *flags]
-    command = f"source config/CPU.sh && DTYPE={dtype} exec {shlex.quote(sys.executable)} " + \
+    command = f"source config/CPU.sh && DTYPE={dtype} RN50_BFLOAT16_FALLBACK=0 exec {shlex.quote(sys.executable)} " + \
         " ".join(map(shlex.quote, args))
     env = {k: v for k, v in os.environ.items() if k not in ("DATADIR", "DTYPE")}
     if os.path.exists(name + ".log"):

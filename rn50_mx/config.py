@@ -11,6 +11,7 @@ import difflib
 import math
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -117,6 +118,10 @@ class Settings:
     dtype: str = _opt("float32", "compute precision: float16 on the GPU, bfloat16 on a CPU with avx512_bf16 or "
                       "amx_bf16; either keeps BatchNorm, the loss and fp32 master weights in float32", env="DTYPE",
                       choices=("float32", "float16", "bfloat16"))
+    bfloat16_fallback: bool = _opt(False, "DTYPE=bfloat16 where the CPU cannot run it (neither avx512_bf16 nor "
+                                   "amx_bf16, or several processes under Horovod): train in float32, saying so in "
+                                   "one line, instead of stopping (config/CPU.sh sets it: make demo runs on any x86 "
+                                   "CPU); the GPU still refuses bfloat16", env="RN50_BFLOAT16_FALLBACK")
     input_layout: str = _opt("NCHW", "tensor layout (MXNet CPU convolutions need NCHW)", env="INPUT_LAYOUT",
                              choices=("NCHW", "NHWC"))
     bn_gamma_init0: bool = _opt(False, "zero-initialise the last BN gamma of each block", env="BN_GAMMA_INIT0")
@@ -365,6 +370,7 @@ def momentum_points(text):
 
 CPUINFO = "/proc/cpuinfo"
 BFLOAT16_FLAGS = ("avx512_bf16", "amx_bf16")  # the x86 instructions oneDNN computes bfloat16 with
+FALLBACK = "bfloat16_fallback"
 
 
 def cpu_flags(path=None):
@@ -380,17 +386,41 @@ def cpu_flags(path=None):
     return set()
 
 
+def bfloat16_obstacle(s):
+    """Why this CPU cannot run `s` in bfloat16 (the instructions, or Horovod), or None."""
+    if not set(BFLOAT16_FLAGS) & cpu_flags():
+        return f"this CPU has neither {' nor '.join(BFLOAT16_FLAGS)} ({CPUINFO})"
+    if s.kv_store == "horovod":
+        return "one process only: Horovod's MXNet allreduce takes no bfloat16 (horovod/mxnet/tensor_util.cc, " \
+               "TensorUtil::GetDType)"
+    return None
+
+
 def check_bfloat16(s, src):
     """Where bfloat16 can run: the CPU (the GPU's low precision is float16), with the instructions, in one process."""
     name = src("dtype")
     if s.device == "gpu":
         raise SettingsError(f"{name}=bfloat16: the CPU's low precision; on the GPU use float16")
-    if not set(BFLOAT16_FLAGS) & cpu_flags():
-        raise SettingsError(f"{name}=bfloat16: this CPU has neither {' nor '.join(BFLOAT16_FLAGS)} ({CPUINFO}): "
-                            "use float32")
-    if s.kv_store == "horovod":
-        raise SettingsError(f"{name}=bfloat16: one process only: Horovod's MXNet allreduce takes no bfloat16 "
-                            f"(horovod/mxnet/tensor_util.cc, TensorUtil::GetDType); set {src('kv_store')}=device")
+    obstacle = bfloat16_obstacle(s)
+    if obstacle:
+        switch = flag_name(FALLBACK) if name.startswith("--") else FIELDS[FALLBACK].metadata["env"]
+        raise SettingsError(f"{name}=bfloat16: {obstacle}: use float32, or {switch}=1 to fall back to it")
+
+
+def fall_back(s, origins):
+    """`s` in float32 where it asks for bfloat16 with the fallback on and this CPU cannot run bfloat16, saying why
+    on stderr in one line (each process that resolves it: a trial's log holds it); else `s`. The GPU is not a case:
+    validate refuses bfloat16 there."""
+    if s.dtype != "bfloat16" or not s.bfloat16_fallback or s.device == "gpu":
+        return s
+    obstacle = bfloat16_obstacle(s)
+    if obstacle is None:
+        return s
+    switch = given_as(FALLBACK, origins)
+    print(f"{given_as('dtype', origins)}=bfloat16: {obstacle}: training in float32 ({switch}=1)", file=sys.stderr,
+          flush=True)
+    origins["dtype"] = origins.get(FALLBACK, "flag")
+    return dataclasses.replace(s, dtype="float32")
 
 
 MAX_BATCH_FACTOR = 1024  # steps per update: 1024 x 3264 images is over 3 million, far past ResNet-50 batches in use
@@ -422,6 +452,12 @@ def factor_at(points, epoch):
 
 def flag_name(name):
     return "--" + name.replace("_", "-")
+
+
+def given_as(name, origins):
+    """How the user gave field `name`: its environment variable, or its flag (also for defaults)."""
+    origin = origins.get(name, "flag")
+    return flag_name(name) if origin == "flag" else origin
 
 
 def _convert(f, text, source):
@@ -477,9 +513,7 @@ def validate(s, origins=None):
     origins = origins or {}
 
     def src(name):
-        """How the user gave field `name`: its environment variable, or its flag (also for defaults)."""
-        origin = origins.get(name, "flag")
-        return flag_name(name) if origin == "flag" else origin
+        return given_as(name, origins)
 
     check_fields(s, src)
     check_image_shape(s, src)
@@ -663,7 +697,7 @@ def resolve(argv=None, environ=None, prog="rn50_mx.train"):
     for name, file in (("data_train", "train.rec"), ("data_val", "val.rec")):
         if values.get("datadir") and not values.get(name):
             values[name], origins[name] = os.path.join(values["datadir"], file), "DATADIR"
-    settings = Settings(**values)
+    settings = fall_back(Settings(**values), origins)
     validate(settings, origins)
     return settings, origins
 

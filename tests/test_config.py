@@ -146,8 +146,10 @@ def test_bfloat16_is_taken_on_a_cpu_with_either_instruction(monkeypatch, tmp_pat
 
 
 @pytest.mark.parametrize("argv,env,says", [
-    (["--dtype", "bfloat16"], {}, "--dtype=bfloat16: this CPU has neither avx512_bf16 nor amx_bf16 ({}): use float32"),
-    ([], {"DTYPE": "bfloat16"}, "DTYPE=bfloat16: this CPU has neither avx512_bf16 nor amx_bf16 ({}): use float32"),
+    (["--dtype", "bfloat16"], {}, "--dtype=bfloat16: this CPU has neither avx512_bf16 nor amx_bf16 ({}): use float32, "
+                                  "or --bfloat16-fallback=1 to fall back to it"),
+    ([], {"DTYPE": "bfloat16"}, "DTYPE=bfloat16: this CPU has neither avx512_bf16 nor amx_bf16 ({}): use float32, or "
+                                "RN50_BFLOAT16_FALLBACK=1 to fall back to it"),
 ])
 def test_bfloat16_is_refused_on_a_cpu_without_the_instructions(monkeypatch, tmp_path, argv, env, says):
     from rn50_mx import config
@@ -169,6 +171,67 @@ def test_bfloat16_is_refused_on_the_gpu_and_under_horovod(monkeypatch, tmp_path,
     planted_cpuinfo(monkeypatch, tmp_path, " avx512_bf16")
     with pytest.raises(config.SettingsError, match="^" + says):
         config.load(["--dtype", "bfloat16", *argv], {})
+
+
+@pytest.mark.parametrize("argv,env,says", [
+    ([], {"DTYPE": "bfloat16", "RN50_BFLOAT16_FALLBACK": "1"},
+     "DTYPE=bfloat16: this CPU has neither avx512_bf16 nor amx_bf16 ({}): training in float32 "
+     "(RN50_BFLOAT16_FALLBACK=1)"),
+    (["--dtype", "bfloat16", "--bfloat16-fallback", "1"], {},
+     "--dtype=bfloat16: this CPU has neither avx512_bf16 nor amx_bf16 ({}): training in float32 "
+     "(--bfloat16-fallback=1)"),
+])
+def test_the_fallback_trains_in_float32_on_a_cpu_without_the_instructions_saying_why(monkeypatch, tmp_path, capsys,
+                                                                                      argv, env, says):
+    from rn50_mx import config
+    path = planted_cpuinfo(monkeypatch, tmp_path, " avx512_vnni")
+    s, origins = config.resolve(argv, env)
+    assert (s.dtype, s.input_dtype, s.bfloat16_fallback) == ("float32", "float32", True)
+    assert capsys.readouterr().err == says.format(path) + "\n"
+    assert origins["dtype"] == ("flag" if argv else "RN50_BFLOAT16_FALLBACK")  # the listing says what chose float32
+    assert config.load(config.as_flags(s), {}).dtype == "float32"  # a child given the settings: float32, silently
+    assert capsys.readouterr().err == ""
+
+
+def test_the_fallback_changes_nothing_where_bfloat16_runs_and_never_takes_the_gpu(monkeypatch, tmp_path, capsys):
+    from rn50_mx import config
+    planted_cpuinfo(monkeypatch, tmp_path, " avx512_bf16")
+    assert config.load([], {"DTYPE": "bfloat16", "RN50_BFLOAT16_FALLBACK": "1"}).dtype == "bfloat16"
+    assert config.load([], {"DTYPE": "float16", "RN50_BFLOAT16_FALLBACK": "1", "DEVICE": "gpu"}).dtype == "float16"
+    assert capsys.readouterr().err == ""
+    with pytest.raises(config.SettingsError, match="^DTYPE=bfloat16: the CPU's low precision; on the GPU use float16$"):
+        config.load([], {"DTYPE": "bfloat16", "RN50_BFLOAT16_FALLBACK": "1", "DEVICE": "gpu"})
+    with pytest.raises(config.SettingsError, match="^RN50_BFLOAT16_FALLBACK='float32': "):
+        config.load([], {"DTYPE": "bfloat16", "RN50_BFLOAT16_FALLBACK": "float32"})
+
+
+def test_under_horovod_the_fallback_trains_in_float32_even_where_the_cpu_has_the_instructions(monkeypatch, tmp_path,
+                                                                                           capsys):
+    from rn50_mx import config
+    planted_cpuinfo(monkeypatch, tmp_path, " amx_bf16")
+    s = config.load([], {"DTYPE": "bfloat16", "RN50_BFLOAT16_FALLBACK": "1", "KVSTORE": "horovod"})
+    assert s.dtype == "float32"
+    assert capsys.readouterr().err.startswith("DTYPE=bfloat16: one process only: Horovod's MXNet allreduce takes no "
+                                              "bfloat16")
+
+
+@pytest.mark.parametrize("extra,dtype", [(" avx512_bf16", "bfloat16"), (" avx512_vnni", "float32")])
+def test_make_demos_config_takes_bfloat16_where_the_cpu_has_it_and_float32_elsewhere(monkeypatch, tmp_path, capsys,
+                                                                                     extra, dtype):
+    """config/CPU.sh's own environment, resolved by the check every launch runs first, on each kind of CPU."""
+    from rn50_mx import check, config
+    env = dict(line.split("=", 1) for line in sourced("CPU", "env -0").stdout.split("\0") if "=" in line)
+    for name in config.env_names():
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    path = planted_cpuinfo(monkeypatch, tmp_path, extra)
+    assert check.main([]) == 0
+    out, err = capsys.readouterr()
+    table = settings_table(out)
+    assert table["--dtype"] == (dtype, "RN50_BFLOAT16_FALLBACK" if dtype == "float32" else "DTYPE")
+    assert err == ("" if dtype == "bfloat16" else f"DTYPE=bfloat16: this CPU has neither avx512_bf16 nor amx_bf16 "
+                                                  f"({path}): training in float32 (RN50_BFLOAT16_FALLBACK=1)\n")
 
 
 def test_cpu_flags_are_the_first_processor_s(tmp_path):

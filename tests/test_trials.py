@@ -165,6 +165,32 @@ def test_two_bare_metal_trials_write_two_logs_that_timing_reads(tiny_data, tmp_p
     assert "no score: ResNet-50 is scored on exactly 5 runs, got 2" in result.stdout
 
 
+CPU_WITHOUT_BFLOAT16 = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu sse2 avx2 avx512f avx512_vnni\n\n"
+
+
+@pytest.mark.slow
+def test_make_demos_config_trains_in_float32_on_a_cpu_without_bfloat16_saying_so(tiny_data, tmp_path):
+    """config/CPU.sh asks for bfloat16; on a CPU without the instructions (here a /proc/cpuinfo without them,
+    bind-mounted in a mount namespace of its own) its trial runs in float32 and its log says why in one line."""
+    cpuinfo, logs = tmp_path / "cpuinfo", tmp_path / "logs"
+    cpuinfo.write_text(CPU_WITHOUT_BFLOAT16)
+    if run(["unshare", "-m", "true"], {}).returncode:
+        pytest.skip("needs root to bind-mount a /proc/cpuinfo in a mount namespace")
+    env = {**TINY_KEEP_CACHES, "DATADIR": tiny_data, "LOGDIR": str(logs), "NEXP": "1", "SEED": "7", "DATESTAMP": "t"}
+    exports = "".join(f"export {name}={value!r}; " for name, value in env.items())
+    script = f"mount --bind {cpuinfo} /proc/cpuinfo && set -euo pipefail; source config/CPU.sh; {exports}" \
+             "exec ./run_with_docker.sh"
+    result = run(["unshare", "-m", "--propagation", "private", "bash", "-c", script], {}, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    says = "DTYPE=bfloat16: this CPU has neither avx512_bf16 nor amx_bf16 (/proc/cpuinfo): training in float32 " \
+           "(RN50_BFLOAT16_FALLBACK=1)"
+    assert result.stderr.splitlines() == [says]  # the launcher's check, before the trial
+    text = (logs / "t_1.log").read_text()
+    assert re.search(r"^--dtype +float32 +RN50_BFLOAT16_FALLBACK$", text, re.M)  # the trial's settings listing
+    assert text.count(says) == 2  # its check and its training process each said it
+    assert re.search(r"^RESULT,IMAGE_CLASSIFICATION,,\d+,", text, re.M)
+
+
 @pytest.mark.slow
 def test_two_ranks_start_through_horovodrun_and_log_parseable_lines(tiny_data, tmp_path):
     env = {**TINY, "DGXNGPU": "2", "KVSTORE": "horovod", "DATADIR": tiny_data, "CLEAR_CACHES": "0"}
@@ -176,6 +202,10 @@ def test_two_ranks_start_through_horovodrun_and_log_parseable_lines(tiny_data, t
     assert mllog(log, "global_batch_size") == [8]
     assert len(mllog(log, "run_stop")) == 1
     assert re.search(r"^RESULT,IMAGE_CLASSIFICATION,,\d+,", result.stdout, re.M)
+    # config/CPU.sh's bfloat16 falls back to float32 under Horovod, which allreduces no bfloat16: each process says so
+    assert re.search(r"^--dtype +float32 +RN50_BFLOAT16_FALLBACK$", result.stdout, re.M)
+    assert (result.stdout + result.stderr).count("DTYPE=bfloat16: one process only: Horovod's MXNet allreduce takes no "
+                                                 "bfloat16") >= 3, result.stderr[-3000:]
 
 
 @pytest.mark.slow

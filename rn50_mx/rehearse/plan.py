@@ -66,7 +66,8 @@ VALUES_ONLY = {"lr", "end_lr", "wd", "mom", "lars_eta", "lars_eps", "label_smoot
                "dgxsystem", "dali_hw_decoder_load", "dali_nvjpeg_memory_padding", "dali_preallocate_width",
                "dali_preallocate_height", "dali_tmp_buffer_hint", "dali_decoder_buffer_hint",
                "dali_crop_buffer_hint", "dali_normalize_buffer_hint", "dali_initial_fill", "val_resize",
-               "exit_timeout", "horovod_num_groups", "omp_num_threads", "optimizer_aggregation_size"}
+               "exit_timeout", "horovod_num_groups", "omp_num_threads", "optimizer_aggregation_size",
+               "bfloat16_fallback"}
 
 
 def code_path(s, plan):
