@@ -238,3 +238,17 @@ def test_a_failed_stage_names_the_first_failure_a_rank_printed(output, line):
     followed from it: its peer's Horovod shutdown or horovodrun's last words (which the rows printed for review 3's
     F1 and review 4's F1 and F3 before: 'RuntimeError: Horovod detected that one or more processes exited ...')."""
     assert stages.cause(output) == line
+
+
+def test_a_child_that_prints_the_awaited_line_and_ends_at_once_is_waited_for(tmp_path):
+    """wait(until=...) reads the whole output once the child has ended: a tiny run that prints the awaited progress
+    line and then finishes between two looks was a false 'ended before' (the old loop left on the exit unread)."""
+    out = tmp_path / "out"
+
+    def child(script):
+        with open(out, "w") as sink:
+            return stages.children.start(["sh", "-c", script], stdout=sink)
+
+    stages.wait(child("echo '  epoch 1 step 2/3: 4.5 img/s'"), out, until=r"epoch 1 step \d+/")
+    with pytest.raises(stages.StageFailed, match=r"^ended \(exit 3\) before 'epoch 1 step \\\\d\+/': :::MLLOG"):
+        stages.wait(child("echo ':::MLLOG {}'; exit 3"), out, until=r"epoch 1 step \d+/")
