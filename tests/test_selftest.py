@@ -10,7 +10,7 @@ import mxnet as mx
 import psutil
 import pytest
 
-from tests.support.bfloat16 import needs_bfloat16
+from tests.support.bfloat16 import DEMO_DTYPE, needs_bfloat16
 from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, sourced
 from rn50_mx import prep_rec
 
@@ -42,7 +42,7 @@ def test_every_check_passes_on_the_cpu(fashion):
         assert table[check][0] == "ok", (check, result.stdout)
     assert re.match(r"[\d.]+ GiB per process: input 0\.01, weights, gradients and optimizer states 0\.26, "
                         r"activations [\d.]+ \(estimate\)", table["memory"][1]), table["memory"]
-    assert "(128, 3, 32, 32) float32 NCHW on cpu(0), train 200 and val 100 images" in table["pipelines"][1]
+    assert f"(128, 3, 32, 32) {DEMO_DTYPE} NCHW on cpu(0), train 200 and val 100 images" in table["pipelines"][1]
     assert "2 processes" in table["allreduce"][1] and "100 images" in table["eval"][1]
     assert "real/synthetic" in table["train steps"][1] and "no MLPerf anchor" in table["train steps"][1]
     assert result.stdout.rstrip().endswith("selftest: all checks passed")

@@ -1,4 +1,4 @@
-"""bfloat16 in the tests: the skip where the CPU cannot compute in it, and NumPy float32 arrays to and from MXNet's
+"""bfloat16 in the tests: the skip where the CPU cannot compute in it, what config/CPU.sh trains in here, and NumPy float32 arrays to and from MXNet's
 bfloat16 NDArrays, with a rounding of our own to check MXNet's against."""
 import mxnet as mx
 import numpy as np
@@ -7,8 +7,13 @@ import pytest
 from rn50_mx import config
 from rn50_mx.model import BFLOAT16
 
+HAS_BFLOAT16 = bool(set(config.BFLOAT16_FLAGS) & config.cpu_flags())
+DEMO_DTYPE = "bfloat16" if HAS_BFLOAT16 else "float32"  # what config/CPU.sh trains in on this CPU, one process
+# What each process of config/CPU.sh under Horovod says (RN50_BFLOAT16_FALLBACK=1): the reason this CPU gives first.
+HOROVOD_FALLBACK = (f"DTYPE=bfloat16: {config.bfloat16_obstacle(config.Settings(kv_store='horovod'))}: training in "
+                    "float32 (RN50_BFLOAT16_FALLBACK=1)")
 needs_bfloat16 = pytest.mark.skipif(
-    not set(config.BFLOAT16_FLAGS) & config.cpu_flags(),
+    not HAS_BFLOAT16,
     reason=f"this CPU has neither {' nor '.join(config.BFLOAT16_FLAGS)} ({config.CPUINFO}): MXNet's oneDNN computes "
            "no bfloat16 here, and DTYPE=bfloat16 is refused")
 
