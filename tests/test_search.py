@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, bash, wait_for
-from rn50_mx import files, timing
+from rn50_mx import children, files, timing
 from rn50_mx.config import Settings
 from rn50_mx.errors import InputError
 from rn50_mx.search import space, trials
@@ -309,7 +309,7 @@ def test_a_second_driver_on_the_study_is_refused_in_one_line(tiny_data, tmp_path
     (["--mode", "open", "--knob", "EVAL_PERIOD=1:2", "--dry-run"], {}, "EVAL_PERIOD is the eval schedule"),
     (["--mode", "open", "--knob", "DGXNGPU=1:2", "--dry-run"], {}, "DGXNGPU is the world size"),
     (["--launcher", "slurm"], {"PATH": f"/nonexistent{os.pathsep}{os.path.dirname(sys.executable)}"},
-     "--launcher slurm: sbatch, squeue, scancel not found on PATH"),
+     "--launcher slurm: sbatch, squeue, scancel, scontrol not found on PATH"),
     (["--study", "s", "--dry-run"], {"DGXSYSTEM": "../x"}, "DGXSYSTEM='../x': a system name is letters, digits"),
     (["--study", "s", "--dry-run"], {"DGXSYSTEM": "CPU\ntouch x #"}, "DGXSYSTEM='CPU\\ntouch x #': a system name"),
     (["--launcher", "docker", "--data-val", "/x/v.rec"], {},
@@ -360,6 +360,37 @@ def test_fragments_0_sources_none(tmp_path, value, says):
         assert result.stdout.splitlines() == [says, "EVAL_OFFSET=1"], result.stderr
     else:
         assert_one_line_naming(result, says)
+
+
+def test_a_run_waits_for_its_record_and_a_driver_killed_before_keeping_it_leaves_nothing_running(tmp_path):
+    """A run's process group waits at the gate until go(), which the driver calls once the study keeps its record. A
+    driver killed (SIGKILL) between starting a run and keeping its record left the run going, recorded nowhere, so
+    that no later driver could end it; now the gate's pipe shuts with the driver and the run ends having run nothing."""
+    ran = tmp_path / "ran"
+    driver = f"""import os
+from rn50_mx.search import launchers
+group = launchers.Group(["sh", "-c", "touch {ran}; sleep 60"], "{tmp_path / 'killed.out'}")
+print(group.record[1], flush=True)
+os.kill(os.getpid(), 9)
+"""
+    result = subprocess.run([sys.executable, "-c", driver], env={"PATH": ENV_PATH, **PYTHONPATH}, cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    pgid, deadline = int(result.stdout), time.time() + 30
+    while children.alive(pgid):
+        assert time.time() < deadline, "the run outlived the driver that never kept its record"
+        time.sleep(0.1)
+    assert not ran.exists()
+    assert (tmp_path / "killed.out").read_text() == ("not started: the search driver that launched it ended before "
+                                                     "keeping its record\n")
+
+    from rn50_mx.search import launchers
+    group = launchers.Group(["sh", "-c", f"touch {ran}"], str(tmp_path / "kept.out"))
+    time.sleep(0.5)
+    assert not ran.exists() and not group.done()  # at the gate
+    group.go()
+    assert group.proc.wait(timeout=30) == 0 and ran.exists()
+    children.forget(group.proc)
 
 
 def test_a_slurm_controller_gone_for_long_is_one_line(tmp_path, monkeypatch):

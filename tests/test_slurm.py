@@ -223,6 +223,24 @@ def test_a_search_runs_its_trials_as_jobs_and_cancels_them_when_stopped(cluster,
     assert ranks_of(cluster, job_id) == []
 
 
+def test_a_search_job_is_held_until_its_record_is_kept_and_the_next_driver_cancels_one_never_recorded(
+        cluster, tmp_path, monkeypatch):
+    """A search submits its job held (sbatch --hold) and releases it once the study keeps its record; a driver killed
+    in between leaves a held job, which never runs and which the next driver, finding it by the study's job name,
+    cancels. (The release is what every search job of the test above goes through.)"""
+    from rn50_mx.config import Settings
+    from rn50_mx.search import launchers
+    monkeypatch.setenv("SLURM_CONF", cluster.conf)
+    name = launchers.job_name(str(tmp_path), "study")
+    job = launchers.Job(Settings(), str(tmp_path / "held.out"), cluster.env, name)
+    time.sleep(2)
+    fields = cluster.job(job.record[1])
+    assert (fields["JobState"], fields["Reason"], fields["JobName"]) == ("PENDING", "JobHeldUser", name), fields
+    launchers.end_unrecorded_jobs(name)
+    assert cluster.job(job.record[1])["JobState"] == "CANCELLED"
+    assert not (tmp_path / "held.out").exists()  # it never ran
+
+
 def ranks_of(cluster, job_id):
     """The training processes of a job (other trainings may run on this machine)."""
     return [p for p in cluster.job_processes() if "rn50_mx.train" in " ".join(p.cmdline())

@@ -60,7 +60,8 @@ class Driver:
         return [c for t in self.complete() for c in t.user_attrs.get("curves", [])]
 
     def recover(self):
-        """Trials a killed driver left RUNNING: their process groups or jobs ended, the trial failed and queued again."""
+        """Trials a killed driver left RUNNING: their process groups or jobs ended, the trial failed and queued again;
+        then the Slurm jobs it submitted without recording them (held: they never ran)."""
         import optuna
 
         for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
@@ -70,6 +71,8 @@ class Driver:
             self.study.enqueue_trial(t.params or t.system_attrs.get("fixed_params", {}), skip_if_exists=False)
             print(f"search: trial {t.number} was running when the last driver stopped: its processes ended, "
                   "queued again", flush=True)
+        if self.args.launcher == "slurm":
+            launchers.end_unrecorded_jobs(launchers.job_name(self.args.results, self.args.study))
 
     def enqueue_plan(self):
         """The next plan phase's points around the best so far, once the trials before them have finished."""
@@ -108,7 +111,7 @@ class Driver:
         run = trials.Run(slot.s, slot.folder, slot.seeds.pop(0), self.args.launcher)
         slot.runs.append(run)
         try:
-            record = run.start()
+            record = run.start(launchers.job_name(self.args.results, self.args.study))
         except launchers.LaunchError:
             self.give_back(slot)
             raise
@@ -116,6 +119,7 @@ class Driver:
             slot.pruned = str(err)
             return
         slot.trial.set_user_attr("runs", [record])
+        run.go()  # kept in the study: a driver killed from now on leaves a run the next one ends
 
     def give_back(self, slot):
         """A trial whose run could not start or was stopped at --hours: failed, its values queued again, so that it

@@ -96,8 +96,9 @@ def run_sets(s, sets, knobs, seeds, args, ruleset, record):
             sub = os.path.join(folder, name.replace(" ", "-"))
             os.makedirs(sub, exist_ok=True)
             run = trials.Run(space.apply(s, params, knobs), sub, seed, args.launcher)
-            run.start()
+            run.start(launchers.job_name(args.results, args.study))
             running.append((name, run, record.started(name, params, run, args.launcher)))
+            run.go()
         for item in [r for r in running if r[1].done()]:
             running.remove(item)
             record.finished(item[2])

@@ -3,20 +3,23 @@ several processes), `docker` (run_with_docker.sh with NEXP=1: in the image when 
 otherwise) or `slurm` (one run.sub job, submitted with sbatch, ended with scancel). A launcher trial gets its
 settings as the variables the config exports (every value, FRAGMENTS=0: no config/<SYSTEM>_*.sh fragment may
 change them) and writes its trial log, MLPerf lines included, in the trial's folder. Each started run has a record
-the study keeps, from which a driver started after a killed one ends what is left of it."""
+the study keeps, from which a driver started after a killed one ends what is left of it. A run does nothing until its
+record is kept (`go`): a process group waits at a gate that a dead driver's closed pipe shuts, a Slurm job is
+submitted held, so that a driver killed in between leaves nothing running."""
 import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import time
+import zlib
 
 from .. import children, config
 from ..errors import InputError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KINDS = ("local", "docker", "slurm")
-SLURM_TOOLS = ("sbatch", "squeue", "scancel")
+SLURM_TOOLS = ("sbatch", "squeue", "scancel", "scontrol")
 DATA_FILES = ("train.rec", "val.rec")  # what the launchers pass as --data-train and --data-val, in DATADIR
 
 
@@ -61,30 +64,57 @@ def launcher_env(s, folder, seed):
                                   "DATESTAMP": f"seed{seed}", "FRAGMENTS": "0", "DATADIR": os.path.dirname(s.data_train)})
 
 
+# The gate a run's process group waits at: "go" on its stdin (a pipe only the driver writes) runs the command; the
+# pipe closed without it (the driver died before keeping the record) ends the group having run nothing.
+GATE = 'read -r go && [ "$go" = go ] && exec "$@" </dev/null; ' \
+       'echo "not started: the search driver that launched it ended before keeping its record" >&2; exit 125'
+
+
 class Group:
-    """A run in a process group of its own on this machine (local, docker)."""
+    """A run in a process group of its own on this machine (local, docker), held at GATE until go()."""
 
     def __init__(self, command, out, env=None):
+        gate, self.gate = os.pipe()
         try:
             with open(out, "x") as f:  # new: a run's output is its own
-                self.proc = children.start(command, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+                self.proc = children.start(["sh", "-c", GATE, "gate", *command], stdin=gate, stdout=f,
+                                           stderr=subprocess.STDOUT, cwd=ROOT, env=env)
         except OSError as err:
+            os.close(self.gate)
             raise LaunchError(f"{command[0]}: cannot start the run ({err.strerror or err}; output {out})") from None
+        finally:
+            os.close(gate)
         self.record = ["pgid", self.proc.pid, children.started_at(self.proc.pid)]
+
+    def go(self):
+        """Open the gate: the record is kept. A group already ended (stopped) finds it shut, and stays ended."""
+        with contextlib.suppress(OSError):
+            os.write(self.gate, b"go\n")
+        os.close(self.gate)
+        self.gate = None
 
     def done(self):
         return self.proc.poll() is not None
 
     def stop(self):
         children.stop(self.proc)
+        if self.gate is not None:
+            os.close(self.gate)
+            self.gate = None
+
+
+def job_name(results, study):
+    """The Slurm job name of a study's runs (its results folder and name hashed): what a driver finds the jobs a
+    killed one submitted but never recorded by."""
+    return f"rn50-search-{zlib.crc32(os.path.abspath(os.path.join(results, study)).encode()):08x}"
 
 
 class Job:
-    """A run as a Slurm job of run.sub, submitted from the repository's root."""
+    """A run as a Slurm job of run.sub, submitted from the repository's root, held until go()."""
 
-    def __init__(self, s, out, env):
+    def __init__(self, s, out, env, name):
         try:
-            result = subprocess.run(["sbatch", "--parsable", "-N", str(s.dgxnnodes), "-J", "rn50-search", "-o", out,
+            result = subprocess.run(["sbatch", "--parsable", "--hold", "-N", str(s.dgxnnodes), "-J", name, "-o", out,
                                      "run.sub"], cwd=ROOT, env=env, capture_output=True, text=True)
         except OSError as err:
             raise LaunchError(f"sbatch: cannot run it ({err.strerror or err})") from None
@@ -94,6 +124,14 @@ class Job:
         if not job.isdecimal():
             raise LaunchError(f"sbatch: no job id in its answer {result.stdout.strip()[:60]!r}")
         self.record = ["job", int(job)]
+
+    def go(self):
+        """Release the held job: its record is kept."""
+        result = subprocess.run(["scontrol", "release", str(self.record[1])], capture_output=True, text=True)
+        if result.returncode:
+            end_job(self.record[1])
+            raise LaunchError(f"scontrol release {self.record[1]}: "
+                              f"{(result.stderr.strip() or 'failed').splitlines()[-1]}")
 
     def done(self):
         return job_done(self.record[1])
@@ -131,14 +169,26 @@ def end_job(job_id, timeout=120.0):
         time.sleep(1.0)
 
 
-def start(kind, s, folder, seed, out):
-    """The started run of settings `s` (seed, log and paths already set) through launcher `kind`."""
+def end_unrecorded_jobs(name):
+    """Cancel the jobs named `name` still queued when a driver starts, after the recorded ones were ended: those a
+    killed driver submitted (held) but never recorded. One driver runs a study, so no other run goes by that name."""
+    result = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True)
+    for job in result.stdout.split() if result.returncode == 0 else []:
+        if job.isdecimal():
+            print(f"search: Slurm job {job} was submitted by the last driver, which stopped before recording it: "
+                  "cancelled", flush=True)
+            end_job(int(job))
+
+
+def start(kind, s, folder, seed, out, name):
+    """The started run of settings `s` (seed, log and paths already set) through launcher `kind`, a Slurm job named
+    `name`; it waits for go()."""
     if kind == "local":
         return Group(train_command(s), out)
     env = launcher_env(s, folder, seed)
     if kind == "docker":
         return Group([os.path.join(ROOT, "run_with_docker.sh")], out, env)
-    return Job(s, out, env)
+    return Job(s, out, env, name)
 
 
 def is_count(value, low):

@@ -22,14 +22,18 @@ class Run:
         self.s = s.replace(seed=seed, mllog_file=self.log if kind == "local" else "", checkpoint_dir="", save_model="")
         self.started, self.stopped = None, ""
 
-    def start(self):
-        """Starts the run; its record (what a later driver needs to end it)."""
+    def start(self, job_name):
+        """Starts the run, a Slurm job named `job_name` (launchers.job_name), held until go(); its record (what a later
+        driver needs to end it), for the study to keep before go()."""
         try:
             config.validate(self.s, {})
         except InputError as err:
             raise InputError(f"trial settings refused: {err}") from None
-        self.started = launchers.start(self.kind, self.s, self.folder, self.seed, self.out)
+        self.started = launchers.start(self.kind, self.s, self.folder, self.seed, self.out, job_name)
         return self.started.record
+
+    def go(self):
+        self.started.go()
 
     def read(self):
         """timing's Run for the log so far, or None before run_start."""
