@@ -3,6 +3,7 @@ squeue and scontrol): 2 ranks meet through MPI over PMIx (`srun --mpi=pmix`, Hor
 image) on one node and across two nodes (network namespaces); tasks that cannot meet stop on the world-size check;
 scancel stops every rank. The tiny dataset of conftest's tiny_data, a few seconds of training per job.
 """
+import contextlib
 import json
 import math
 import re
@@ -242,9 +243,14 @@ def test_a_search_job_is_held_until_its_record_is_kept_and_the_next_driver_cance
 
 
 def ranks_of(cluster, job_id):
-    """The training processes of a job (other trainings may run on this machine)."""
-    return [p for p in cluster.job_processes() if "rn50_mx.train" in " ".join(p.cmdline())
-            and p.environ().get("SLURM_JOB_ID") == str(job_id)]
+    """The training processes of a job (other trainings may run on this machine); a process that ended since it was
+    listed is none of them (reading its command line raised NoSuchProcess: a suite run failed on it)."""
+    ranks = []
+    for p in cluster.job_processes():
+        with contextlib.suppress(psutil.Error):
+            if "rn50_mx.train" in " ".join(p.cmdline()) and p.environ().get("SLURM_JOB_ID") == str(job_id):
+                ranks.append(p)
+    return ranks
 
 def bridge_bytes():
     """Bytes received plus sent by the nodes' veth ends on the host: what crossed between the namespaces."""
