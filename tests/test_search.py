@@ -481,18 +481,24 @@ def test_the_outputs_are_named_by_the_study_and_the_mode(tmp_path):
     assert output.trials_folder(str(tmp_path), "A") != output.trials_folder(str(tmp_path), "B")
 
 
-def test_a_run_the_launcher_cannot_start_is_one_line_and_costs_no_trial(tiny_data, tmp_path):
+@pytest.mark.parametrize("sbatch, scontrol, says", [
+    ("echo 'sbatch: error: Slurm is not configured' >&2; exit 1", "exit 0",
+     "sbatch: sbatch: error: Slurm is not configured"),
+    # submitted held, then not released: the held job is cancelled (scancel), the trial queued again
+    ("echo 42", "echo 'scontrol: error: Access/permission denied' >&2; exit 1",
+     "scontrol release 42: scontrol: error: Access/permission denied"),
+], ids=["sbatch", "release"])
+def test_a_run_the_launcher_cannot_start_is_one_line_and_costs_no_trial(tiny_data, tmp_path, sbatch, scontrol, says):
     """sbatch failing (Slurm not configured) pruned every trial, spent the budget and ended "search: done", exit 0.
     Now one line, exit != 0, and the trial is queued again: none finished."""
     folder = tmp_path / "bin"
     folder.mkdir()
-    for tool, script in (("sbatch", "echo 'sbatch: error: Slurm is not configured' >&2; exit 1"), ("squeue", "exit 0"),
-                         ("scancel", "exit 0")):
+    for tool, script in (("sbatch", sbatch), ("squeue", "exit 0"), ("scancel", "exit 0"), ("scontrol", scontrol)):
         (folder / tool).write_text(f"#!/bin/sh\n{script}\n")
         (folder / tool).chmod(0o755)
     env = environ(tiny_data, PATH=f"{folder}{os.pathsep}{ENV_PATH}")
     result = search(tmp_path, env, "--launcher", "slurm", "--trials", "3", "--finalists", "0")
-    assert_one_line_naming(result, "sbatch: sbatch: error: Slurm is not configured")
+    assert_one_line_naming(result, says)
     states = [t.state.name for t in study_trials(tmp_path)]
     assert "COMPLETE" not in states and "PRUNED" not in states and "WAITING" in states, states
 

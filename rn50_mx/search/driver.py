@@ -119,7 +119,11 @@ class Driver:
             slot.pruned = str(err)
             return
         slot.trial.set_user_attr("runs", [record])
-        run.go()  # kept in the study: a driver killed from now on leaves a run the next one ends
+        try:
+            run.go()  # kept in the study: a driver killed from now on leaves a run the next one ends
+        except launchers.LaunchError:
+            self.give_back(slot)
+            raise
 
     def give_back(self, slot):
         """A trial whose run could not start or was stopped at --hours: failed, its values queued again, so that it
