@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from tests.support.procs import ROOT, assert_one_line_naming, clean_environ, run, run_train, sourced
+from tests.support.procs import (ROOT, assert_one_line_naming, clean_environ, config_environ, run, run_train,
+                                 sourced)
 
 
 SYSTEMS = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "config", "*.sh"))
@@ -220,7 +221,7 @@ def test_make_demos_config_takes_bfloat16_where_the_cpu_has_it_and_float32_elsew
                                                                                      extra, dtype):
     """config/CPU.sh's own environment, resolved by the check every launch runs first, on each kind of CPU."""
     from rn50_mx import check, config
-    env = dict(line.split("=", 1) for line in sourced("CPU", "env -0").stdout.split("\0") if "=" in line)
+    env = config_environ("CPU")
     for name in config.env_names():
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():

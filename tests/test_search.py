@@ -15,7 +15,7 @@ import time
 import psutil
 import pytest
 
-from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, bash, wait_for
+from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, bash, config_environ, wait_for
 from rn50_mx import children, files, timing
 from rn50_mx.config import Settings
 from rn50_mx.errors import InputError
@@ -34,9 +34,7 @@ def tiny_data(three_classes):
 
 def environ(tiny_data, **changes):
     """config/CPU.sh's variables shrunk to the tiny set, as a user's sourced config and DATADIR."""
-    sourced = bash("source config/CPU.sh && env -0").stdout
-    env = dict(item.split("=", 1) for item in sourced.split("\0") if "=" in item)
-    return {**env, **TINY, "DATADIR": tiny_data, "PATH": ENV_PATH, **PYTHONPATH, **changes}
+    return {**config_environ("CPU"), **TINY, "DATADIR": tiny_data, "PATH": ENV_PATH, **PYTHONPATH, **changes}
 
 
 def search_command(tmp_path, *flags):

@@ -111,19 +111,13 @@ class Driver:
         run = trials.Run(slot.s, slot.folder, slot.seeds.pop(0), self.args.launcher)
         slot.runs.append(run)
         try:
-            record = run.start(launchers.job_name(self.args.results, self.args.study))
+            slot.trial.set_user_attr("runs", [run.start(launchers.job_name(self.args.results, self.args.study))])
+            run.go()  # kept in the study: a driver killed from now on leaves a run the next one ends
         except launchers.LaunchError:
             self.give_back(slot)
             raise
         except InputError as err:  # the trial's settings refused: a pruned trial
             slot.pruned = str(err)
-            return
-        slot.trial.set_user_attr("runs", [record])
-        try:
-            run.go()  # kept in the study: a driver killed from now on leaves a run the next one ends
-        except launchers.LaunchError:
-            self.give_back(slot)
-            raise
 
     def give_back(self, slot):
         """A trial whose run could not start or was stopped at --hours: failed, its values queued again, so that it

@@ -52,6 +52,12 @@ def sourced(system, command, env=None, **kwargs):
     return bash(f"set -euo pipefail; source config/{system}.sh; {exports}{command}", **kwargs)
 
 
+def config_environ(system, env=None):
+    """The environment `source config/<system>.sh` makes (`env` exported after it), as a dict."""
+    out = sourced(system, "env -0", env).stdout
+    return dict(item.split("=", 1) for item in out.split("\0") if "=" in item)
+
+
 def assert_one_line_naming(result, name):
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
