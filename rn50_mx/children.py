@@ -2,8 +2,10 @@
 tuner's worker, a search trial), so that a stop of the tool (SIGTERM, Ctrl-C: run_cli) can end each child's whole
 group, and say so, instead of leaving it running under init."""
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
 
 _running = []  # the children started by this process and not yet waited for
@@ -14,6 +16,60 @@ def start(command, **kwargs):
     proc = subprocess.Popen(command, start_new_session=True, **kwargs)
     _running.append(proc)
     return proc
+
+
+def script(name):
+    """The path of the Python script `name` (horovodrun) this Python runs: the one beside sys.executable (a venv's),
+    else the one on PATH (Debian's python3 with pip's scripts in /usr/local/bin, pip install --user), else None."""
+    beside = os.path.join(os.path.dirname(sys.executable), name)
+    return beside if os.path.exists(beside) else shutil.which(name)
+
+
+# The child of start_tied: a small Python that asks the kernel for SIGTERM when its parent ends (prctl
+# PR_SET_PDEATHSIG = 1, linux/prctl.h; kept across exec), checks that the parent is still the one that started it,
+# and execs the command in its place. A preexec_fn would do the same in a fork of a process that may hold MXNet's
+# threads, which subprocess's documentation calls unsafe.
+TIED = ("import ctypes, os, signal, sys\n"
+        "if ctypes.CDLL(None).prctl(1, signal.SIGTERM) or os.getppid() != int(sys.argv[1]):\n"
+        "    sys.exit('not started: the process that started it has ended')\n"
+        "os.execvp(sys.argv[2], sys.argv[2:])\n")
+
+
+def start_tied(command, **kwargs):
+    """start(`command`), tied to this process's life: the kernel sends it SIGTERM when this process ends, however it
+    ends (SIGKILL too), and horovodrun passes that on to its ranks. For a tool whose children are worth nothing
+    without it (a search's runs are not: a later driver ends them from the study's records)."""
+    return start([sys.executable, "-c", TIED, str(os.getpid()), *command], **kwargs)
+
+
+_keepers = []  # the removers of remove_after, never waited for: they outlive this process
+
+
+def remove_after(folder):
+    """Remove `folder` once this process has ended, however it ends (SIGKILL too), and no process names it any more
+    (its children's, which may still be writing there: up to KEEP_PATIENCE seconds). A process of its own does it,
+    in a session of its own, reading a pipe only this process holds: the kernel closes it at this process's end."""
+    read, write = os.pipe()
+    try:
+        _keepers.append((write, subprocess.Popen(
+            [sys.executable, "-c", "import sys; from rn50_mx import children; children.keep(sys.argv[1])", folder],
+            stdin=read, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)))
+    finally:
+        os.close(read)
+
+
+KEEP_PATIENCE = 120.0
+
+
+def keep(folder):
+    """remove_after's process: waits for the end of its stdin, then for the processes naming `folder` to end, then
+    removes it."""
+    sys.stdin.buffer.read()
+    deadline = time.time() + KEEP_PATIENCE
+    while time.time() < deadline and any(names(int(pid), folder) for pid in os.listdir("/proc")
+                                         if pid.isdigit() and int(pid) != os.getpid()):
+        time.sleep(0.5)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def run(command, timeout, **kwargs):
@@ -35,19 +91,22 @@ def forget(proc):
 
 def stop(proc, grace=10.0):
     """End `proc`'s process group: SIGTERM (horovodrun passes it to its ranks), SIGKILL after `grace` seconds."""
-    stop_group(proc.pid, grace)
+    stop_group(proc.pid, grace, proc.poll)
     proc.wait()
     forget(proc)
 
 
-def stop_group(pgid, grace=10.0):
-    """SIGTERM to a process group, SIGKILL after `grace` seconds; returns once none of it is left."""
+def stop_group(pgid, grace=10.0, reap=None):
+    """SIGTERM to a process group, SIGKILL after `grace` seconds; returns once none of it is left. `reap` (a child's
+    Popen.poll) collects a leader that is our child: until then its exit leaves a zombie that keeps the group."""
     try:
         os.killpg(pgid, signal.SIGTERM)
     except ProcessLookupError:
         return
     deadline = time.time() + grace
     while time.time() < deadline:
+        if reap:
+            reap()
         if not alive(pgid):
             return
         time.sleep(0.2)
@@ -68,15 +127,57 @@ def started_at(pid):
     return int(fields[19])
 
 
-def stop_recorded_group(pgid, started):
-    """stop_group for a group recorded earlier (by a driver since killed): only when its leader is still the recorded
-    process (the same start time), or gone while members remain (the kernel reuses no pid while its group lives).
-    False when the pid now names another process, which is left alone."""
+def stop_recorded_group(pgid, started, folder):
+    """stop_group for a group recorded earlier (by a driver since killed), only when one of its processes provably
+    belongs to the run: its command line or environment names the run's `folder` (every run's does: its log is
+    there), and its leader, if still there, is the recorded process (the same start time). A leaderless group is not
+    enough: after the run's group is gone its pid can lead any other group, and a daemon's double fork leaves exactly
+    such a group. False when the group is another's, which is left alone; True when the run's group was ended or is
+    gone."""
     now = started_at(pgid)
     if now is not None and now != started:
         return False
+    members = group_members(pgid)
+    if not members:
+        return True
+    if not any(names(pid, folder) for pid in members):
+        return False
     stop_group(pgid)
     return True
+
+
+def group_members(pgid):
+    """The pids of process group `pgid` now (/proc/PID/stat field 5, proc(5))."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[2]) == pgid:
+                        found.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue  # ended meanwhile
+    return found
+
+
+def names(pid, folder):
+    """Whether process `pid`'s command line or environment names `folder`: an argument, or the value after an '=' (a
+    variable, a --flag=value), that is the folder or a path in it. What ties a process to the run whose files are
+    there."""
+    if not os.path.isabs(folder):
+        return False
+    folders = {os.fsencode(folder.rstrip("/")), os.fsencode(os.path.realpath(folder))}
+    for part in ("cmdline", "environ"):
+        try:
+            with open(f"/proc/{pid}/{part}", "rb") as f:
+                entries = f.read().split(b"\0")
+        except OSError:
+            continue
+        for entry in entries:
+            for value in {entry, entry.partition(b"=")[2]}:
+                if value in folders or any(value.startswith(f + b"/") for f in folders):
+                    return True
+    return False
 
 
 def alive(pgid):

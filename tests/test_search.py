@@ -5,6 +5,7 @@ The tiny set does not learn in a few epochs, so the target is set at chance leve
 and the eval offset (a closed-division knob) decides the epochs a run scores. That makes the objective exact and
 the winner known: EVAL_OFFSET 0 scores 1 epoch, the sourced 1 scores 2.
 """
+import contextlib
 import os
 import shutil
 import signal
@@ -16,6 +17,7 @@ import psutil
 import pytest
 
 from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, bash, config_environ, wait_for
+from tests.support.studies import planted_study
 from rn50_mx import children, files, timing
 from rn50_mx.config import Settings
 from rn50_mx.errors import InputError
@@ -206,22 +208,9 @@ def test_a_killed_driver_s_finalist_is_ended_and_its_half_written_log_never_scor
     assert leftovers(tmp_path) == []
 
 
-def planted_study(tmp_path, trial_runs=None, finals=None):
-    """The study 'CPU' as another program could leave it: a RUNNING trial whose run record is `trial_runs`, and the
-    finals' records `finals`."""
-    import optuna
-
-    (tmp_path / "res").mkdir()
-    study = optuna.create_study(study_name="CPU", storage=f"sqlite:///{tmp_path / 'res' / 'CPU.db'}")
-    if trial_runs is not None:
-        study.ask().set_user_attr("runs", trial_runs)
-    if finals is not None:
-        study.set_user_attr("finals", finals)
-
-
-def finals_entry(folder, record=("pgid", 999_999, None)):
-    return dict(set="sourced", params={"EVAL_OFFSET": 1}, seed=910_000, folder=str(folder), launcher="local",
-                record=list(record), ended=False)
+def finals_entry(folder, record=("pgid", 999_999, 1), ended=False, seed=910_000):
+    return dict(set="sourced", params={"EVAL_OFFSET": 1}, seed=seed, folder=str(folder), launcher="local",
+                record=list(record), ended=ended)
 
 
 PLANTED = [  # (what the study holds, the one line): a record the next driver would act on, not written by a search
@@ -234,6 +223,25 @@ PLANTED = [  # (what the study holds, the one line): a record the next driver wo
     ("a finalist with a pgid 0 record", dict(finals=[finals_entry("RES/CPU.finals/1/sourced", ("pgid", 0, None))]),
      "study 'CPU', finals: the run record ['pgid', 0, None] is not"),
     ("finals that are not a list", dict(finals={"set": "sourced"}), "study 'CPU', finals: a run {'set': 'sourced'}"),
+    # issue 42, item 1: a group without its leader's start time could be anyone's
+    ("a trial's record without a start", dict(trial_runs=[["pgid", 999_999, None]]),
+     "study 'CPU', trial 0: the run record ['pgid', 999999, None] is not a process group"),
+    # item 4: the folder an ended finalist names is scored: only STUDY.finals/N/SET, read there really
+    ("a finalist's folder through '..'",
+     dict(finals=[finals_entry("RES/CPU.finals/../planted", ended=True)]), "study 'CPU', finals: a run "),
+    ("a finalist's folder of another set", dict(finals=[finals_entry("RES/CPU.finals/1/trial-3")]),
+     "study 'CPU', finals: a run "),
+    ("an ended finalist whose log is missing", dict(finals=[finals_entry("RES/CPU.finals/1/sourced", ended=True)]),
+     "study 'CPU', finals: the log RES/CPU.finals/1/sourced/seed910000.log of finalist sourced seed 910000, which "
+     "ended under an earlier driver, is not there to score"),
+    # item 9: every attribute a driver reads is checked with the records (each was a TypeError traceback)
+    ("a trial's runs that are a number", dict(trial_runs=5), "study 'CPU', trial 0: its runs 5 are not a list"),
+    ("the study's settings that are a number", dict(attrs={"settings": 5}),
+     "study 'CPU' in sqlite:///RES/CPU.db: its settings 5 are not the {variable: value} this search records"),
+    ("a finished trial's curve [[1]]", dict(finished=({"EVAL_OFFSET": 1}, {"curves": [[1]]})),
+     "study 'CPU', trial 0: its curves [[1]] are not lists of [epoch, top-1]"),
+    ("a finished trial of other knobs", dict(finished={"LR": 0.5}),
+     "study 'CPU', trial 0: a finished trial of ['LR'], not of the knobs ['EVAL_OFFSET']"),
 ]
 
 
@@ -247,9 +255,9 @@ def test_a_study_s_records_that_a_search_did_not_write_are_refused_before_any_si
     lay (a FileNotFoundError traceback from the compliance checker when none was there)."""
     if "finals" in planted and isinstance(planted["finals"], list):
         planted["finals"][0]["folder"] = planted["finals"][0]["folder"].replace("RES", str(tmp_path / "res"))
-    planted_study(tmp_path, **planted)
+    planted_study(tmp_path / "res", **planted)
     result = search(tmp_path, environ(tiny_data), "--knob", "EVAL_OFFSET=0:1", "--trials", "1", "--final-seeds", "1")
-    assert_one_line_naming(result, says)
+    assert_one_line_naming(result, says.replace("RES", str(tmp_path / "res")))
     assert not (tmp_path / "res" / "CPU.trials").exists() and not (tmp_path / "res" / "CPU.finals").exists()
 
 
@@ -513,23 +521,72 @@ def test_a_study_continues_only_under_the_settings_it_was_started_with(tiny_data
     assert len(study_trials(tmp_path)) == 1
 
 
-def test_a_recorded_group_whose_pid_now_names_another_process_is_left_alone():
+def test_a_recorded_group_whose_pid_now_names_another_process_is_left_alone(tmp_path):
     """The next driver ended whatever process group held a recorded id (ids are reused): an unrelated process was
     killed. The record holds the leader's start time; another process under that pid is left alone."""
-    from rn50_mx import children
     from rn50_mx.search import launchers
 
-    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    run = str(tmp_path / "CPU.trials" / "0000")
+    proc = subprocess.Popen(["sh", "-c", "sleep 60; :", f"{run}/seed1.log"], start_new_session=True)
     try:
         started = children.started_at(proc.pid)
-        launchers.end_recorded(["pgid", proc.pid, started + 1], "test")  # the recorded run started at another time
+        launchers.end_recorded(["pgid", proc.pid, started + 1], "test", run)  # the recorded run started at another time
         time.sleep(0.5)
         assert proc.poll() is None
-        launchers.end_recorded(["pgid", proc.pid, started], "test")
+        launchers.end_recorded(["pgid", proc.pid, started], "test", run)
         assert proc.wait(timeout=15) == -signal.SIGTERM
     finally:
         proc.kill()
         proc.wait()
+
+
+def leaderless_group(*names):
+    """A process group whose leader has exited and whose member, a shell waiting on `sleep 600`, lives on (a daemon's
+    double fork), its command line holding `names`: (the group's id, the member's pid)."""
+    inner = " ".join(f"'{name}'" for name in names)
+    out = subprocess.run(["setsid", "sh", "-c", f"sh -c 'sleep 600; :' {inner} >/dev/null 2>&1 & echo $!"],
+                         capture_output=True, text=True, timeout=30, check=True).stdout
+    member = int(out)
+    return os.getpgid(member), member
+
+
+def test_a_leaderless_group_is_ended_only_when_one_of_its_processes_names_the_run_s_folder(tmp_path, capsys):
+    """Issue 42, item 1: a later driver signalled any leaderless group under a recorded id; after the run's group has
+    gone its id can lead any other group, and a double fork leaves one without its leader. A group is ended only
+    when one of its processes names the run's folder (every run's command line does: its log is there)."""
+    from rn50_mx.search import launchers
+
+    run = tmp_path / "CPU.trials" / "0001"
+    groups = [leaderless_group("x"), leaderless_group(f"{run}0/seed1.log"), leaderless_group(f"{run}/seed1.log")]
+    try:
+        for pgid, _ in groups:
+            launchers.end_recorded(["pgid", pgid, 12345], "test", str(run))
+        time.sleep(0.5)
+        assert [psutil.pid_exists(member) for _, member in groups] == [True, True, False]
+        assert capsys.readouterr().out.splitlines() == [
+            f"search: process group {pgid} is not known to be the recorded run's (none of its processes names {run}; "
+            "its pid reused): left alone" for pgid, _ in groups[:2]]
+    finally:
+        for pgid, _ in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+
+
+def test_a_later_search_leaves_a_group_that_is_not_the_run_s_alone(tiny_data, tmp_path):
+    """The issue's probe: a trial left RUNNING whose record names the group of `sleep 600`, forked by a shell that has
+    exited. The next search killed that sleep, rc 0, without a word; now it says so and leaves it alone."""
+    pgid, member = leaderless_group("sleep")
+    try:
+        planted_study(tmp_path / "res", finished={"EVAL_OFFSET": 1}, trial_runs=[["pgid", pgid, 12345]])
+        result = search(tmp_path, environ(tiny_data), "--knob", "EVAL_OFFSET=0:1", "--trials", "1", "--finalists", "0")
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert result.stdout.splitlines()[:2] == [
+            f"search: process group {pgid} is not known to be the recorded run's (none of its processes names "
+            f"{tmp_path / 'res' / 'CPU.trials' / '0001'}; its pid reused): left alone",
+            "search: trial 1 was running when the last driver stopped: its processes ended, queued again"]
+        assert psutil.pid_exists(member) and psutil.Process(member).status() != psutil.STATUS_ZOMBIE
+    finally:
+        os.killpg(pgid, signal.SIGKILL)
 
 
 @pytest.mark.slow
@@ -556,3 +613,74 @@ def test_a_symlink_at_the_studys_run_folders_is_one_line(tmp_path):
     with pytest.raises(InputError, match=r"S\.finals: a symlink"):
         output.finals_folder(str(tmp_path), "S")
     assert os.listdir(tmp_path / "elsewhere") == []
+
+
+def test_a_finalist_that_cannot_start_ends_the_finalist_already_running(tiny_data, tmp_path):
+    """Issue 42, item 2: only the trials were ended on the driver's ways out. With --parallel 2 the sourced finalist
+    runs while the second set's run is refused (its warmup past its horizon: one line); the driver then exited and
+    left the first training. The finals now end their runs on every way out, as the trials do."""
+    env = environ(tiny_data, NUMEPOCHS="30", EVAL_PERIOD="30", EVAL_OFFSET="29", ACCURACY_THRESHOLD="0.01")
+    planted_study(tmp_path / "res", finished={"WARMUP_EPOCHS": 40.0})
+    try:
+        result = search(tmp_path, env, "--knob", "WARMUP_EPOCHS=0:40", "--trials", "1", "--final-seeds", "1",
+                        "--parallel", "2")
+        assert_one_line_naming(result, "--warmup-epochs=40.0: must be below --num-epochs=30")
+        assert leftovers(tmp_path) == []
+        assert (tmp_path / "res" / "CPU.finals" / "1" / "sourced" / f"seed{final_seeds('CPU', 1)[0]}.out").exists()
+    finally:
+        for proc in leftovers(tmp_path):
+            proc.kill()
+
+
+def test_a_finalist_folder_under_a_planted_link_is_not_scored(tiny_data, tmp_path):
+    """Issue 42, item 4: a finals record was checked as text, so a folder under a link planted at STUDY.finals/N
+    passed and its log was scored. The record's folder must really lie in STUDY.finals/N/SET."""
+    seed = final_seeds("CPU", 1)[0]
+    (tmp_path / "elsewhere" / "sourced").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "sourced" / f"seed{seed}.log").write_text(
+        ':::MLLOG {"key": "run_stop", "value": null, "metadata": {"status": "success"}}\n')
+    (tmp_path / "res" / "CPU.finals").mkdir(parents=True)
+    (tmp_path / "res" / "CPU.finals" / "1").symlink_to(tmp_path / "elsewhere")
+    planted_study(tmp_path / "res", finished={"EVAL_OFFSET": 1},
+                  finals=[finals_entry(tmp_path / "res" / "CPU.finals" / "1" / "sourced", ended=True, seed=seed)])
+    result = search(tmp_path, environ(tiny_data), "--knob", "EVAL_OFFSET=0:1", "--trials", "1", "--final-seeds", "1")
+    assert_one_line_naming(result, "study 'CPU', finals: a run [{'set': 'sourced'")
+    assert result.stdout == ""
+
+
+def test_an_open_search_s_thread_knob_reaches_a_local_run(tmp_path, monkeypatch):
+    """Issue 42, item 6: OMP_NUM_THREADS is set only by the variable (config.as_flags leaves it out), and the local
+    launcher's run inherited the driver's: `--knob OMP_NUM_THREADS=1:2` ranked noise. The run's environment holds
+    the trial's value now, and none for 0 (unset), whatever the driver's."""
+    from rn50_mx.search import launchers
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    for threads, expected in ((2, b"OMP_NUM_THREADS=2"), (0, None)):
+        s = Settings(omp_num_threads=threads, data_train="t.rec", data_val="v.rec")
+        run = launchers.start("local", s, str(tmp_path), threads, str(tmp_path / f"{threads}.out"), "test")
+        try:
+            environ, deadline = b"", time.time() + 30
+            while not environ and time.time() < deadline:  # empty while the exec sets it up
+                with open(f"/proc/{run.proc.pid}/environ", "rb") as f:  # the gate's shell, which execs the run
+                    environ = f.read()
+            assert [v for v in environ.split(b"\0") if v.startswith(b"OMP_NUM_THREADS=")] == (
+                [expected] if expected else [])
+        finally:
+            run.stop()
+
+
+@pytest.mark.parametrize("planted, says", [
+    (dict(trial_runs=[["job", 42]]), "study 'CPU', trial 0: holds Slurm job(s) 42 to end, and scancel, squeue is not "
+                                     "on PATH here: run the search where Slurm's commands are (or end them there: "
+                                     "scancel 42)"),
+    (dict(finals=[finals_entry("RES/CPU.finals/1/sourced", ("job", 43))]), "study 'CPU', finals: holds Slurm job(s) 43"),
+], ids=["trial", "finalist"])
+def test_a_slurm_record_met_without_slurm_is_one_line(tiny_data, tmp_path, planted, says):
+    """Issue 42, item 10: a study holding Slurm jobs to end, continued where there is no scancel (the local launcher
+    on another machine), gave a FileNotFoundError traceback."""
+    for run in planted.get("finals", []):
+        run["folder"] = run["folder"].replace("RES", str(tmp_path / "res"))
+    planted_study(tmp_path / "res", **planted)
+    env = environ(tiny_data, PATH=os.path.dirname(sys.executable))  # no Slurm command there
+    result = search(tmp_path, env, "--knob", "EVAL_OFFSET=0:1", "--trials", "1", "--final-seeds", "1")
+    assert_one_line_naming(result, says)

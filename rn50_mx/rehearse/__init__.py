@@ -98,6 +98,7 @@ def main():
     children.stop_on_sigterm()
     args, flags = parse_args(sys.argv[1:])
     s = config.load(flags, prog="rn50_mx.rehearse")
+    stages.horovodrun(args.ranks)  # every stage's ranks run under it: one line before any work
     tic = time.time()
     if args.work:
         try:
@@ -108,7 +109,10 @@ def main():
         probe.close()
         rows = rehearse(s, args.ranks, args.work, args.quick, own_data(flags))
     else:
-        with tempfile.TemporaryDirectory(prefix="rn50-rehearse-") as work:
+        # The folder goes with the rehearsal however it ends: at its end here, or after a SIGKILL by a process that
+        # waits for it (children.remove_after), its children ended first by the kernel (stages: children.start_tied).
+        with tempfile.TemporaryDirectory(prefix="rn50-rehearse-", ignore_cleanup_errors=True) as work:
+            children.remove_after(work)
             rows = rehearse(s, args.ranks, work, args.quick, own_data(flags))
     print(table(rows))
     failed = [r.name for r in rows if r.status is False]

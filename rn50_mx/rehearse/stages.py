@@ -26,9 +26,13 @@ class StageFailed(Exception):
 
 
 def horovodrun(ranks):
-    """This Python's horovodrun starting `ranks` Gloo ranks on this machine."""
-    return [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "--gloo", "-np", str(ranks), "-H",
-            f"localhost:{ranks}"]
+    """horovodrun starting `ranks` Gloo ranks on this machine: this Python's, found as the self-test finds it (beside
+    sys.executable, else on PATH); one line when there is none."""
+    found = children.script("horovodrun")
+    if not found:
+        raise InputError(f"horovodrun: not found beside {sys.executable} or on PATH; the rehearsal's ranks run under "
+                         "it: install Horovod (pip install horovod)")
+    return [found, "--gloo", "-np", str(ranks), "-H", f"localhost:{ranks}"]
 
 
 def command(plan, module, *extra, **changes):
@@ -70,7 +74,7 @@ def failure(lines, i):
 def run(cmd, out, code=0):
     """Run `cmd` with its output to the file `out`; its text, or StageFailed naming the cause."""
     with open(out, "w") as sink:
-        proc = children.start(cmd, stdout=sink, stderr=sink)
+        proc = children.start_tied(cmd, stdout=sink, stderr=sink)
     wait(proc, out)
     text = open(out).read()
     if code is not None and proc.returncode != code:
@@ -126,7 +130,7 @@ def stop_and_resume(plan, work, reference):
     folder, out = os.path.join(work, "checkpoints"), os.path.join(work, "stopped.out")
     cmd = command(plan, "rn50_mx.train", checkpoint_dir=folder)
     with open(out, "w") as sink:
-        proc = children.start(cmd, stdout=sink, stderr=sink)
+        proc = children.start_tied(cmd, stdout=sink, stderr=sink)
     wait(proc, out, until=r"epoch 1 step \d+/")  # the first update's end: step 1, or later with --batch-schedule
     os.kill(rank_pid(proc, 0), signal.SIGTERM)
     wait(proc, out)

@@ -112,6 +112,9 @@ def open_study(args, knobs, s):
     known = study.user_attrs.get("settings")
     if known is None:
         study.set_user_attr("settings", settings)
+    elif not (isinstance(known, dict) and all(isinstance(v, str) for v in known.values())):
+        raise InputError(f"study {args.study!r} in {args.storage}: its settings {known!r:.100} are not the "
+                         "{variable: value} this search records; it did not write them: give another --study")
     elif known != settings:
         changed = sorted(set(known) ^ set(settings) | {k for k in known if known[k] != settings.get(k)})
         then = " ".join(f"{k}={known.get(k, '(unset)')}" for k in changed[:3])
@@ -147,7 +150,7 @@ def hold_lock(args):
 
 
 def search(s, args, knobs):
-    from .. import data, mlperf_rules
+    from .. import data
     from . import driver, finals
 
     if not s.data_train or not s.data_val:
@@ -159,6 +162,7 @@ def search(s, args, knobs):
     with files.owned_in_folder(fragment):  # the tuner's rules: folder made, one writer, checked before work
         files.refuse_special(fragment, "fragment")
         study = open_study(args, knobs, s)
+        driver.check_study(study, f"{args.storage}: study {args.study!r}", knobs)
         trials_there = output.trials_folder(args.results, args.study)
         if not study.get_trials(deepcopy=False) and os.path.isdir(trials_there) and os.listdir(trials_there):
             raise output.earlier_runs(trials_there, args.study)
@@ -166,40 +170,53 @@ def search(s, args, knobs):
         record.end_orphans()  # before any trial: a finalist left going holds the devices
         loop = driver.Driver(s, args, knobs, study, args.results)
         try:
-            loop.run()
+            code = trials_and_finals(s, args, knobs, study, loop, record)
         except KeyboardInterrupt:
-            loop.stop_all("driver stopped")
-            print(f"search: stopped; every trial's processes ended; the same command continues study "
-                  f"{args.study!r}", flush=True)
+            loop.stop_all("driver stopped")  # the finals end their own runs (finals.run_sets)
+            print(f"search: stopped; every run's processes ended; the same command continues study {args.study!r}",
+                  flush=True)
             return 143
-        except InputError:  # e.g. Slurm unreachable for long: the trials are ended before the one line
+        except InputError:  # e.g. Slurm unreachable for long: the runs are ended before the one line
             loop.stop_all("driver stopped")
             raise
-        output.picture(os.path.join(args.results, args.study + ".png"), study.get_trials(deepcopy=False),
-                       s.accuracy_threshold)
-        best = loop.complete()[:args.finalists]
-        if not best:
-            print("search: no trial completed; nothing to compare" if args.finalists else "search: done")
-            return 1 if args.finalists else 0
-        sets = [("sourced", space.start(s, knobs))] + [(f"trial {t.number}", {k.env: t.params[k.env] for k in knobs})
-                                                      for t in best if t.params != space.start(s, knobs)]
-        seeds = driver.final_seeds(args.study, args.final_seeds)
-        rows = finals.run_sets(s, sets, knobs, seeds, args, mlperf_rules.DEFAULT_RULESET, record)
-        table = {name: (params, rows[name]) for name, params in sets}
-        print(output.table(table, args.mode))
-        key = "epochs" if args.objective == "epochs" else "minutes"
-        reached = [name for name in table if table[name][1]["all_converged"]]  # a miss scores no epochs, only a guess
-        if not reached:
-            print(f"search: no set reached the target on every fresh seed; {fragment} not written")
-            return 1
-        winner = min(reached, key=lambda name: table[name][1][key])
-        if winner == "sourced":
-            print(f"search: the sourced settings stay best on fresh seeds; {fragment} not written")
-        else:
-            params, row = table[winner]
-            output.write_fragment(fragment, output.fragment_text(fragment, params, row, args.study))
-            print(f"search: wrote {fragment} ({winner}); the launchers source it after "
-                  f"config/{os.path.basename(fragment)[:-len('_hparams.sh')]}.sh")
+    os.close(lock)
+    return code
+
+
+def trials_and_finals(s, args, knobs, study, loop, record):
+    """The trials, then the finals and the fragment; the exit status."""
+    from .. import mlperf_rules
+    from . import driver, finals
+
+    loop.run()
+    fragment = args.fragment
+    output.picture(os.path.join(args.results, args.study + ".png"), study.get_trials(deepcopy=False),
+                   s.accuracy_threshold)
+    best = loop.complete()[:args.finalists]
+    if not best:
+        print("search: no trial completed; nothing to compare" if args.finalists else "search: done")
+        return 1 if args.finalists else 0
+    sets = [("sourced", space.start(s, knobs))] + [(f"trial {t.number}", {k.env: t.params[k.env] for k in knobs})
+                                                  for t in best if t.params != space.start(s, knobs)]
+    seeds = driver.final_seeds(args.study, args.final_seeds)
+    rows = finals.run_sets(s, sets, knobs, seeds, args, mlperf_rules.DEFAULT_RULESET, record)
+    table = {name: (params, rows[name]) for name, params in sets}
+    print(output.table(table, args.mode))
+    key = "epochs" if args.objective == "epochs" else "minutes"
+    reached = [name for name in table if table[name][1]["all_converged"]]  # a miss scores no epochs, only a guess
+    if not reached:
+        print(f"search: no set reached the target on every fresh seed; {fragment} not written")
+        return 1
+    winner = min(reached, key=lambda name: table[name][1][key])
+    if winner == "sourced":
+        print(f"search: the sourced settings stay best on fresh seeds; {fragment} not written")
+    else:
+        params, row = table[winner]
+        output.write_fragment(fragment, output.fragment_text(fragment, params, row, args.study))
+        print(f"search: wrote {fragment} ({winner}); the launchers source it after "
+              f"config/{os.path.basename(fragment)[:-len('_hparams.sh')]}.sh")
+    return 0
+
     os.close(lock)
     return 0
 

@@ -18,6 +18,36 @@ def final_seeds(study, count):
     return [base + k for k in range(count)]
 
 
+def check_study(study, where, knobs):
+    """Every value of the study's trials a driver reads, as this search writes it: each trial's run records (what a
+    later driver ends), its eval curves (what runs are pruned against, and drawn) and a finished trial's values of
+    the knobs. The database may be another's: anything else is one line naming the study and the trial, before any
+    trial runs or any signal is sent (a curve [[1]] was a TypeError mid-study, with a trial left training)."""
+    import optuna
+
+    envs = {k.env for k in knobs}
+    for t in study.get_trials(deepcopy=False):
+        at = f"{where}, trial {t.number}"
+        runs, curves = t.user_attrs.get("runs", []), t.user_attrs.get("curves", [])
+        if not isinstance(runs, list):
+            raise InputError(f"{at}: its runs {runs!r:.100} are not a list of run records; this search did not write "
+                             "them")
+        for record in runs:
+            launchers.check_record(record, at)
+        if not (isinstance(curves, list) and all(isinstance(c, list) and all(is_eval(e) for e in c) for c in curves)):
+            raise InputError(f"{at}: its curves {curves!r:.100} are not lists of [epoch, top-1]; this search did not "
+                             "write them")
+        if t.state == optuna.trial.TrialState.COMPLETE and set(t.params) != envs:
+            raise InputError(f"{at}: a finished trial of {sorted(t.params)}, not of the knobs {sorted(envs)}; this "
+                             "search did not write it")
+
+
+def is_eval(point):
+    """An eval of a curve as read back from the study: [epoch >= 0, top-1 or null]."""
+    return (isinstance(point, list) and len(point) == 2 and launchers.is_count(point[0], 0)
+            and (point[1] is None or isinstance(point[1], (int, float)) and not isinstance(point[1], bool)))
+
+
 class Slot:
     """A trial in progress: its Optuna trial, params, settings and the seeds still to run."""
 
@@ -64,15 +94,21 @@ class Driver:
         then the Slurm jobs it submitted without recording them (held: they never ran)."""
         import optuna
 
-        for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        left = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        for t in left:  # every record, and Slurm's commands for a job, checked before anything is ended
+            launchers.check_ending(t.user_attrs.get("runs", []), self.where(t))
+        for t in left:
             for record in t.user_attrs.get("runs", []):
-                launchers.end_recorded(record, f"{self.args.storage}: study {self.args.study!r}, trial {t.number}")
+                launchers.end_recorded(record, self.where(t), output.trial_path(self.folder, self.args.study, t.number))
             self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
             self.study.enqueue_trial(t.params or t.system_attrs.get("fixed_params", {}), skip_if_exists=False)
             print(f"search: trial {t.number} was running when the last driver stopped: its processes ended, "
                   "queued again", flush=True)
         if self.args.launcher == "slurm":
             launchers.end_unrecorded_jobs(launchers.job_name(self.args.results, self.args.study))
+
+    def where(self, trial):
+        return f"{self.args.storage}: study {self.args.study!r}, trial {trial.number}"
 
     def enqueue_plan(self):
         """The next plan phase's points around the best so far, once the trials before them have finished."""

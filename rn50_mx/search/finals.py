@@ -2,10 +2,11 @@
 seeds (never a search seed), scored as MLPerf scores a set of runs. Tuning runs, not a timed set: a timed set is
 fresh, in order, and never chosen among sets."""
 import os
+import re
 import time
 from statistics import mean
 
-from .. import mlperf_rules, timing
+from .. import files, mlperf_rules, timing
 from ..errors import InputError
 from . import launchers, output, space, trials
 
@@ -31,16 +32,28 @@ class Record:
         parent = output.finals_parent(args.results, args.study)
         if not isinstance(self.runs, list) or not all(self.usable(run, parent) for run in self.runs):
             raise InputError(f"{self.where}: a run {self.runs!r:.200} is not one this search recorded (its set, values, "
-                             f"seed, launcher, record and a folder in {parent})")
+                             f"seed, launcher, record and a folder {parent}/N/SET)")
         for run in self.runs:
             launchers.check_record(run["record"], self.where)
+        launchers.check_ending([run["record"] for run in self.runs if not run["ended"]], self.where)
+        for run in self.runs:
+            log = launchers.log_path(run["launcher"], run["folder"], run["seed"])
+            if run["ended"] and not os.path.isfile(log):
+                raise InputError(f"{self.where}: the log {log} of finalist {run['set']} seed {run['seed']}, which "
+                                 "ended under an earlier driver, is not there to score; restore it, or give another "
+                                 "--study")
 
     def usable(self, run, parent):
-        """Whether `run`, read back from the study, is what started() writes: the folder it names is scored."""
-        return (isinstance(run, dict) and set(run) == self.KEYS and isinstance(run["params"], dict)
-                and launchers.is_count(run["seed"], 0) and run["launcher"] in launchers.KINDS
-                and isinstance(run["ended"], bool) and isinstance(run["folder"], str)
-                and os.path.dirname(os.path.dirname(run["folder"])) == parent)
+        """Whether `run`, read back from the study, is what started() writes: the folder it names is scored, so it
+        must be PARENT/N/SET, N digits and SET the run's set, and lie there really (no '..', no planted link)."""
+        if not (isinstance(run, dict) and set(run) == self.KEYS and isinstance(run["params"], dict)
+                and isinstance(run["set"], str) and launchers.is_count(run["seed"], 0)
+                and run["launcher"] in launchers.KINDS and isinstance(run["ended"], bool)
+                and isinstance(run["folder"], str)):
+            return False
+        shape = re.fullmatch(re.escape(parent) + r"/(\d+)/" + re.escape(set_folder(run["set"])), run["folder"])
+        return bool(shape) and not os.path.islink(parent) and os.path.realpath(run["folder"]) == os.path.join(os.path.realpath(parent), shape[1],
+                                                                               set_folder(run["set"]))
 
     def save(self):
         self.study.set_user_attr("finals", self.runs)
@@ -49,7 +62,7 @@ class Record:
         """End and forget the runs a killed driver left going."""
         orphans = [run for run in self.runs if not run["ended"]]
         for run in orphans:
-            launchers.end_recorded(run["record"], self.where)
+            launchers.end_recorded(run["record"], self.where, run["folder"])
             print(f"search: finalist {run['set']} seed {run['seed']} was running when the last driver stopped: its "
                   "processes ended, run again", flush=True)
         if orphans:
@@ -89,22 +102,40 @@ def run_sets(s, sets, knobs, seeds, args, ruleset, record):
             done[name].append(trials.Run(space.apply(s, params, knobs), kept["folder"], seed, kept["launcher"]))
             print(f"search: finalist {name} seed {seed} ended under an earlier driver: its log "
                   f"{done[name][-1].log} is scored, not run again", flush=True)
-    while pending or running:
-        while pending and len(running) < args.parallel:
-            name, params, seed = pending.pop(0)
-            folder = folder or output.finals_folder(args.results, args.study)
-            sub = os.path.join(folder, name.replace(" ", "-"))
-            os.makedirs(sub, exist_ok=True)
-            run = trials.Run(space.apply(s, params, knobs), sub, seed, args.launcher)
-            run.start(launchers.job_name(args.results, args.study))
-            running.append((name, run, record.started(name, params, run, args.launcher)))
-            run.go()
-        for item in [r for r in running if r[1].done()]:
-            running.remove(item)
-            record.finished(item[2])
-            done[item[0]].append(item[1])
-        time.sleep(0.5)
+    try:
+        while pending or running:
+            while pending and len(running) < args.parallel:
+                name, params, seed = pending.pop(0)
+                folder = folder or output.finals_folder(args.results, args.study)
+                run = trials.Run(space.apply(s, params, knobs), made(os.path.join(folder, set_folder(name))), seed,
+                                 args.launcher)
+                run.start(launchers.job_name(args.results, args.study))
+                running.append([name, run, None])  # ended from here on, whatever happens next
+                running[-1][2] = record.started(name, params, run, args.launcher)
+                run.go()
+            for item in [r for r in running if r[1].done()]:
+                running.remove(item)
+                record.finished(item[2])
+                done[item[0]].append(item[1])
+            time.sleep(0.5)
+    except BaseException:  # a stop (SIGTERM, Ctrl-C), a run that cannot start, a failure: as the trials end theirs
+        for _, run, _ in running:
+            run.stop("driver stopped")
+        raise
     return {name: row(done[name], space.apply(s, params, knobs), ruleset, args.mode) for name, params in sets}
+
+
+def set_folder(name):
+    """The folder of a set's runs in STUDY.finals/N: its name without spaces (sourced, trial-3)."""
+    return name.replace(" ", "-")
+
+
+def made(folder):
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:
+        raise files.os_error(folder, err, "create") from None
+    return folder
 
 
 def row(runs, s, ruleset, mode):

@@ -57,6 +57,15 @@ def train_command(s):
     return ["horovodrun", "--gloo", "-np", str(processes), "-H", f"localhost:{processes}", *train]
 
 
+def train_env(s):
+    """The environment of a local run: this process's, with OMP_NUM_THREADS as `s` has it (unset for 0), which only
+    the variable sets (config.as_flags leaves it out): an open search's knob on it reaches the run."""
+    env = config.environ_with(OMP_NUM_THREADS=str(s.omp_num_threads))
+    if not s.omp_num_threads:
+        del env["OMP_NUM_THREADS"]
+    return env
+
+
 def launcher_env(s, folder, seed):
     """The environment of a launcher trial: the settings as the config's variables, one trial with `seed`, its log
     in `folder`, no fragment sourced."""
@@ -184,7 +193,7 @@ def start(kind, s, folder, seed, out, name):
     """The started run of settings `s` (seed, log and paths already set) through launcher `kind`, a Slurm job named
     `name`; it waits for go()."""
     if kind == "local":
-        return Group(train_command(s), out)
+        return Group(train_command(s), out, train_env(s))
     env = launcher_env(s, folder, seed)
     if kind == "docker":
         return Group([os.path.join(ROOT, "run_with_docker.sh")], out, env)
@@ -197,25 +206,39 @@ def is_count(value, low):
 
 
 def check_record(record, where):
-    """A run's record as the study holds it, which the next driver acts on: ["pgid", pid, start ticks or None] or
-    ["job", id]. The database may be another's: a pgid of 0 or 1 would signal the driver's own process group or
-    every process, so anything else is one line naming `where`."""
+    """A run's record as the study holds it, which the next driver acts on: ["pgid", pid, start ticks] or ["job",
+    id]. The database may be another's: a pgid of 0 or 1 would signal the driver's own process group or every
+    process, and a group without its leader's start time could be anyone's, so anything else is one line naming
+    `where`."""
     if not (isinstance(record, list) and (
-            len(record) == 3 and record[0] == "pgid" and is_count(record[1], 2)
-            and (record[2] is None or is_count(record[2], 0))
+            len(record) == 3 and record[0] == "pgid" and is_count(record[1], 2) and is_count(record[2], 0)
             or len(record) == 2 and record[0] == "job" and is_count(record[1], 1))):
         raise InputError(f"{where}: the run record {record!r} is not a process group ['pgid', pid > 1, start] or a "
                          "Slurm job ['job', id]; this search did not write it")
 
 
-def end_recorded(record, where):
-    """End what a killed driver's run left, from its record (check_record's, `where` naming it): a process group
-    (only if its leader is still the one started: children.stop_recorded_group), or a Slurm job."""
-    check_record(record, where)
+def check_ending(records, where):
+    """check_record for each of `records` a driver is about to end, and Slurm's commands for a job among them: a
+    driver on a machine without Slurm says where the jobs are, before it ends anything."""
+    for record in records:
+        check_record(record, where)
+    jobs = [str(record[1]) for record in records if record[0] == "job"]
+    missing = [tool for tool in ("scancel", "squeue") if shutil.which(tool) is None]
+    if jobs and missing:
+        raise InputError(f"{where}: holds Slurm job(s) {', '.join(jobs)} to end, and {', '.join(missing)} is not on "
+                         "PATH here: run the search where Slurm's commands are (or end them there: scancel "
+                         f"{' '.join(jobs)})")
+
+
+def end_recorded(record, where, folder):
+    """End what a killed driver's run left, from its record (check_ending's, `where` naming it): a process group (only
+    while it is provably the run's, a process of it naming the run's `folder`: children.stop_recorded_group), or a
+    Slurm job."""
+    check_ending([record], where)
     kind, ident, *started = record
     if kind == "pgid":
-        if not children.stop_recorded_group(ident, started[0] if started else None):
-            print(f"search: process {ident} is not known to be the recorded run's (its pid reused, or a record "
-                  "without a start time): left alone", flush=True)
+        if not children.stop_recorded_group(ident, started[0], folder):
+            print(f"search: process group {ident} is not known to be the recorded run's (none of its processes names "
+                  f"{folder}; its pid reused): left alone", flush=True)
     else:
         end_job(ident)

@@ -26,10 +26,15 @@ def made_folder(path):
     os.makedirs(path, exist_ok=True)
 
 
+def trial_path(results, study, number):
+    """Trial `number`'s folder: every run of it writes there, and names it (a later driver ends it by that)."""
+    return os.path.join(trials_folder(results, study), f"{number:04d}")
+
+
 def trial_folder(results, study, number):
     """Trial `number`'s folder, made here and new: a trial scores only logs it writes, never one an earlier
     database's trial of this number left."""
-    folder = os.path.join(trials_folder(results, study), f"{number:04d}")
+    folder = trial_path(results, study, number)
     try:
         made_folder(os.path.dirname(folder))
         os.mkdir(folder)

@@ -141,8 +141,7 @@ def allreduce(s, ranks, flags):
     """`ranks` processes (horovodrun) each allreduce float16 and float32 arrays on their device."""
     if ranks < 2:
         raise Skipped("one device: nothing to reduce across (--ranks N runs N processes)")
-    beside = os.path.join(os.path.dirname(sys.executable), "horovodrun")  # this Python's, as in a venv
-    horovodrun = beside if os.path.exists(beside) else shutil.which("horovodrun")
+    horovodrun = children.script("horovodrun")
     if not horovodrun:
         raise CheckFailed("horovodrun not found (install Horovod)")
     world = ["--kv-store", "horovod", "--dgxnnodes", "1", "--dgxngpu", str(ranks)]  # the world dist.init expects
