@@ -4,6 +4,7 @@ exact resume, evaluate, the self-test), then one quick rehearsal (the run alone)
 in config/ and those the recipe writes for A100 and H100 at 1, 2 and 8 nodes, closed and open; configs that differ
 only in values (LR, weight decay, hints: plan.VALUES_ONLY) share a path. Then GPU review 4's crashes, each a config
 whose rehearsal fails on the code before, and the command's refusals."""
+import contextlib
 import glob
 import os
 import shutil
@@ -16,6 +17,7 @@ import psutil
 import pytest
 
 from rn50_mx import config
+from rn50_mx.errors import InputError
 from rn50_mx.rehearse import plan, stages
 from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming
 
@@ -252,3 +254,59 @@ def test_a_child_that_prints_the_awaited_line_and_ends_at_once_is_waited_for(tmp
     stages.wait(child("echo '  epoch 1 step 2/3: 4.5 img/s'"), out, until=r"epoch 1 step \d+/")
     with pytest.raises(stages.StageFailed, match=r"^ended \(exit 3\) before 'epoch 1 step \\\\d\+/': :::MLLOG"):
         stages.wait(child("echo ':::MLLOG {}'; exit 3"), out, until=r"epoch 1 step \d+/")
+
+
+@pytest.mark.slow
+def test_sigkill_midway_leaves_no_process_and_no_temporary_folder(tmp_path):
+    """Issue 42, item 3: horovodrun and its ranks run in sessions of their own, so a SIGKILLed rehearsal left them
+    training, writing into a temporary folder nothing removed. Its children now get SIGTERM from the kernel when it
+    ends (PR_SET_PDEATHSIG), and a process waiting for its end removes the folder once they have gone."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    script = f"set -euo pipefail; source config/NF5688M6.sh; exec {sys.executable} -m rn50_mx.rehearse --quick"
+    proc = subprocess.Popen(["bash", "-c", script], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                            env={"PATH": ENV_PATH, "HOME": "/tmp", "TMPDIR": str(temp), **PYTHONPATH},
+                            start_new_session=True)
+    descendants = []
+    try:
+        deadline = time.time() + 300
+        while not any("rn50_mx.train" in " ".join(p.cmdline()) for p in descendants if p.is_running()):
+            assert time.time() < deadline and proc.poll() is None
+            time.sleep(0.5)
+            descendants = psutil.Process(proc.pid).children(recursive=True)
+        assert os.listdir(temp), "the rehearsal's temporary folder"
+        proc.kill()
+        proc.wait()
+        _, alive = psutil.wait_procs(descendants, timeout=60)
+        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], [p.cmdline() for p in alive]
+        deadline = time.time() + 30
+        while os.listdir(temp) and time.time() < deadline:
+            time.sleep(0.5)
+        assert os.listdir(temp) == []
+    finally:
+        for p in descendants:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
+
+def test_horovodrun_is_found_on_path_as_the_self_test_finds_it(tmp_path, monkeypatch):
+    """Issue 42, item 8: the rehearsal looked for horovodrun only beside sys.executable, which fails under Debian's
+    python3 with pip's scripts in /usr/local/bin or under pip install --user; PATH's is taken now, and none is one
+    line before any work."""
+    python = sys.executable
+    venv_bin = os.path.dirname(python)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python3"))  # a Python with no horovodrun beside
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{venv_bin}")
+    assert stages.horovodrun(2) == [os.path.join(venv_bin, "horovodrun"), "--gloo", "-np", "2", "-H", "localhost:2"]
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(InputError, match=r"^horovodrun: not found beside .*/bin/python3 or on PATH; the rehearsal's "):
+        stages.horovodrun(2)
+    # the command: one line, and no --work folder made
+    nowhere = f"import sys; sys.executable = {str(tmp_path / 'bin' / 'python3')!r}; sys.argv[1:] = ['--work', " \
+              f"{str(tmp_path / 'work')!r}]; from rn50_mx.errors import run_cli; from rn50_mx.rehearse import main; " \
+              "run_cli(main, 'rn50_mx.rehearse')"
+    script = f"set -euo pipefail; source config/NF5688M6.sh; PATH=/nowhere exec {python} -c \"$0\""
+    result = subprocess.run(["bash", "-c", script, nowhere], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env={"PATH": ENV_PATH, "HOME": "/tmp", **PYTHONPATH})
+    assert_one_line_naming(result, "rn50_mx.rehearse: error: horovodrun: not found beside ")
+    assert not (tmp_path / "work").exists()

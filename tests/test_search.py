@@ -271,7 +271,7 @@ def test_sigterm_to_the_driver_ends_its_trials_and_says_how_to_continue(tiny_dat
     wait_for(driver, tmp_path / "res" / "CPU.trials" / "0000" / "seed100000.out", "epoch 1:")
     driver.send_signal(signal.SIGTERM)
     assert driver.wait(timeout=60) == 143
-    assert out.read_text().strip().splitlines()[-1] == ("search: stopped; every trial's processes ended; the same "
+    assert out.read_text().strip().splitlines()[-1] == ("search: stopped; every run's processes ended; the same "
                                                         "command continues study 'CPU'")
     assert leftovers(tmp_path) == []
 

@@ -6,7 +6,9 @@ scancel stops every rank. The tiny dataset of conftest's tiny_data, a few second
 import contextlib
 import json
 import math
+import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,12 +18,14 @@ import psutil
 import pytest
 
 from rn50_mx import timing
+from rn50_mx.search.driver import final_seeds
 from tests.support import slurm
 from tests.support.bfloat16 import HOROVOD_FALLBACK
 from tests.support.data import TINY_CLASSES
 from tests.support.mllog import CHECKER_ON_A_SHORT_RUN, mllog
-from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT
+from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming
 from tests.support.settings import TINY
+from tests.support.studies import planted_study
 
 IMAGES = len(TINY_CLASSES) * 7
 TWO_RANKS = {**TINY, "KVSTORE": "horovod", "DISP_BATCHES": "1", "NEXP": "1", "SEED": "3", "DATESTAMP": "job"}
@@ -287,3 +291,50 @@ def test_two_nodes_one_task_each_make_one_job(two_nodes, tiny_data, tmp_path):
     assert out.count("run_and_time.sh: numactl not found: ranks run without CPU binding") == 2
     # Horovod's allreduces crossed the namespaces: at least the gradients of one step (ResNet-50: 25.6M floats).
     assert bridge_bytes() - before > 25_000_000 * 4
+
+
+@pytest.mark.slow
+def test_the_finals_cancel_their_jobs_on_every_way_out(cluster, tiny_data, tmp_path):
+    """Issue 42, item 2: only the trials were ended on the driver's ways out. (1) Two finalists at once, sbatch refusing
+    the second (a wrapper around the real sbatch fails its second call, as a per-user job limit would): the first,
+    already submitted and released, ran on after the one line. (2) SIGTERM to the driver while a finalist's job
+    trains: "interrupted", exit 130, and no scancel. Now both cancel the job."""
+    command = [sys.executable, "-m", "rn50_mx.search", "--launcher", "slurm", "--knob", "LR=0.4:0.6", "--trials", "1",
+               "--final-seeds", "1", "--out", str(tmp_path / "cfg")]
+    wrapper = tmp_path / "bin" / "sbatch"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f"#!/bin/sh\nif [ -e {tmp_path}/submitted ]; then\n"
+                       "  echo 'sbatch: error: QOSMaxSubmitJobPerUserLimit' >&2; exit 1\nfi\n"
+                       f"touch {tmp_path}/submitted\nexec {shutil.which('sbatch')} \"$@\"\n")
+    wrapper.chmod(0o755)
+    planted_study(str(tmp_path / "two"), finished={"LR": 0.45})
+    env = search_environ(cluster, tiny_data, NUMEPOCHS="200", ACCURACY_THRESHOLD="1.0",
+                         PATH=f"{wrapper.parent}{os.pathsep}{ENV_PATH}")
+    result = subprocess.run([*command, "--results", str(tmp_path / "two"), "--parallel", "2"], env=env, cwd=ROOT,
+                            capture_output=True, text=True, timeout=600)
+    assert_one_line_naming(result, "sbatch: sbatch: error: QOSMaxSubmitJobPerUserLimit")
+    [(_, job_id)] = [run["record"] for run in study_attrs(tmp_path / "two")["finals"]]
+    assert cluster.job(job_id)["JobState"] == "CANCELLED" and ranks_of(cluster, job_id) == []
+
+    planted_study(str(tmp_path / "one"), finished={"LR": 0.5})  # the sourced values: one set
+    out = tmp_path / "driver.out"
+    with open(out, "w") as f:
+        driver = subprocess.Popen([*command, "--results", str(tmp_path / "one")], env={**env, "PATH": ENV_PATH},
+                                  cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    log = tmp_path / "one" / "CPU.finals" / "1" / "sourced" / f"seed{final_seeds('CPU', 1)[0]}_1.log"
+    deadline = time.time() + 300
+    while "epoch 1:" not in (log.read_text() if log.exists() else ""):
+        assert driver.poll() is None and time.time() < deadline, out.read_text() + cluster.logs()
+        time.sleep(1)
+    [(_, job_id)] = [run["record"] for run in study_attrs(tmp_path / "one")["finals"]]
+    driver.send_signal(signal.SIGTERM)
+    assert driver.wait(timeout=180) == 143, out.read_text()
+    assert out.read_text().splitlines()[-1] == ("search: stopped; every run's processes ended; the same command "
+                                                "continues study 'CPU'")
+    assert cluster.job(job_id)["JobState"] == "CANCELLED" and ranks_of(cluster, job_id) == []
+
+
+def study_attrs(results):
+    import optuna
+
+    return optuna.load_study(study_name="CPU", storage=f"sqlite:///{results}/CPU.db").user_attrs

@@ -217,9 +217,6 @@ def trials_and_finals(s, args, knobs, study, loop, record):
               f"config/{os.path.basename(fragment)[:-len('_hparams.sh')]}.sh")
     return 0
 
-    os.close(lock)
-    return 0
-
 
 def main(argv=None):
     import sys
