@@ -1,6 +1,9 @@
 """The processes a tool starts end with it. Each child runs in a session of its own (horovodrun and its ranks, a
 tuner's worker, a search trial), so that a stop of the tool (SIGTERM, Ctrl-C: run_cli) can end each child's whole
-group, and say so, instead of leaving it running under init."""
+group, and say so, instead of leaving it running under init. A tool that can be SIGKILLed with nothing left to end
+its children (the rehearsal) ties them to its life (start_tied) and has its temporary folder removed after its end
+(remove_after); a search's runs outlive a killed driver on purpose, and the next driver ends them from the study's
+records, only when they are provably the run's (stop_recorded_group)."""
 import os
 import shutil
 import signal

@@ -670,10 +670,11 @@ def test_an_open_search_s_thread_knob_reaches_a_local_run(tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("planted, says", [
-    (dict(trial_runs=[["job", 42]]), "study 'CPU', trial 0: holds Slurm job(s) 42 to end, and scancel, squeue is not "
-                                     "on PATH here: run the search where Slurm's commands are (or end them there: "
-                                     "scancel 42)"),
-    (dict(finals=[finals_entry("RES/CPU.finals/1/sourced", ("job", 43))]), "study 'CPU', finals: holds Slurm job(s) 43"),
+    (dict(trial_runs=[["job", 42]]),
+     "study 'CPU', trial 0: holds Slurm job(s) 42 to end, and there is no scancel or squeue on PATH here: run the "
+     "search where Slurm's commands are (or end them there: scancel 42)"),
+    (dict(finals=[finals_entry("RES/CPU.finals/1/sourced", ("job", 43))]),
+     "study 'CPU', finals: holds Slurm job(s) 43"),
 ], ids=["trial", "finalist"])
 def test_a_slurm_record_met_without_slurm_is_one_line(tiny_data, tmp_path, planted, says):
     """Issue 42, item 10: a study holding Slurm jobs to end, continued where there is no scancel (the local launcher

@@ -21,7 +21,7 @@ class Record:
     """The finals' runs in the study (its user attribute "finals"), as the trials' are: each started run's set
     values, seed, folder, launcher and launcher record, and whether a driver saw it end. A driver killed during the
     finals leaves a run going and its log half written: the next driver ends it (launchers.end_recorded: only while
-    its leader is the run started) and runs it again; a run that ended under a driver is scored from its log, not
+    it is provably the run's, a process of it naming the run's folder) and runs it again; a run that ended under a driver is scored from its log, not
     run again."""
 
     KEYS = {"set", "params", "seed", "folder", "launcher", "record", "ended"}
@@ -51,9 +51,10 @@ class Record:
                 and run["launcher"] in launchers.KINDS and isinstance(run["ended"], bool)
                 and isinstance(run["folder"], str)):
             return False
-        shape = re.fullmatch(re.escape(parent) + r"/(\d+)/" + re.escape(set_folder(run["set"])), run["folder"])
-        return bool(shape) and not os.path.islink(parent) and os.path.realpath(run["folder"]) == os.path.join(os.path.realpath(parent), shape[1],
-                                                                               set_folder(run["set"]))
+        sub = set_folder(run["set"])
+        shape = re.fullmatch(re.escape(parent) + r"/(\d+)/" + re.escape(sub), run["folder"])
+        return bool(shape) and not os.path.islink(parent) and \
+            os.path.realpath(run["folder"]) == os.path.join(os.path.realpath(parent), shape[1], sub)
 
     def save(self):
         self.study.set_user_attr("finals", self.runs)

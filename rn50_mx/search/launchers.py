@@ -225,8 +225,8 @@ def check_ending(records, where):
     jobs = [str(record[1]) for record in records if record[0] == "job"]
     missing = [tool for tool in ("scancel", "squeue") if shutil.which(tool) is None]
     if jobs and missing:
-        raise InputError(f"{where}: holds Slurm job(s) {', '.join(jobs)} to end, and {', '.join(missing)} is not on "
-                         "PATH here: run the search where Slurm's commands are (or end them there: scancel "
+        raise InputError(f"{where}: holds Slurm job(s) {', '.join(jobs)} to end, and there is no "
+                         f"{' or '.join(missing)} on PATH here: run the search where Slurm's commands are (or end them there: scancel "
                          f"{' '.join(jobs)})")
 
 
