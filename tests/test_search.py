@@ -564,8 +564,8 @@ def test_a_leaderless_group_is_ended_only_when_one_of_its_processes_names_the_ru
         time.sleep(0.5)
         assert [psutil.pid_exists(member) for _, member in groups] == [True, True, False]
         assert capsys.readouterr().out.splitlines() == [
-            f"search: process group {pgid} is not known to be the recorded run's (none of its processes names {run}; "
-            "its pid reused): left alone" for pgid, _ in groups[:2]]
+            f"search: process group {pgid} is not provably the recorded run's (its leader started at another time, or "
+            f"none of its processes names {run}): left alone" for pgid, _ in groups[:2]]
     finally:
         for pgid, _ in groups:
             with contextlib.suppress(ProcessLookupError):
@@ -581,8 +581,8 @@ def test_a_later_search_leaves_a_group_that_is_not_the_run_s_alone(tiny_data, tm
         result = search(tmp_path, environ(tiny_data), "--knob", "EVAL_OFFSET=0:1", "--trials", "1", "--finalists", "0")
         assert result.returncode == 0, result.stdout + result.stderr
         assert result.stdout.splitlines()[:2] == [
-            f"search: process group {pgid} is not known to be the recorded run's (none of its processes names "
-            f"{tmp_path / 'res' / 'CPU.trials' / '0001'}; its pid reused): left alone",
+            f"search: process group {pgid} is not provably the recorded run's (its leader started at another time, "
+            f"or none of its processes names {tmp_path / 'res' / 'CPU.trials' / '0001'}): left alone",
             "search: trial 1 was running when the last driver stopped: its processes ended, queued again"]
         assert psutil.pid_exists(member) and psutil.Process(member).status() != psutil.STATUS_ZOMBIE
     finally:

@@ -226,8 +226,8 @@ def check_ending(records, where):
     missing = [tool for tool in ("scancel", "squeue") if shutil.which(tool) is None]
     if jobs and missing:
         raise InputError(f"{where}: holds Slurm job(s) {', '.join(jobs)} to end, and there is no "
-                         f"{' or '.join(missing)} on PATH here: run the search where Slurm's commands are (or end them there: scancel "
-                         f"{' '.join(jobs)})")
+                         f"{' or '.join(missing)} on PATH here: run the search where Slurm's commands are (or end "
+                         f"them there: scancel {' '.join(jobs)})")
 
 
 def end_recorded(record, where, folder):
@@ -238,7 +238,7 @@ def end_recorded(record, where, folder):
     kind, ident, *started = record
     if kind == "pgid":
         if not children.stop_recorded_group(ident, started[0], folder):
-            print(f"search: process group {ident} is not known to be the recorded run's (none of its processes names "
-                  f"{folder}; its pid reused): left alone", flush=True)
+            print(f"search: process group {ident} is not provably the recorded run's (its leader started at another "
+                  f"time, or none of its processes names {folder}): left alone", flush=True)
     else:
         end_job(ident)
