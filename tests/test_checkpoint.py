@@ -358,6 +358,9 @@ FORGED = [  # issue 28 item 5: (name, file, edit, what the refusal says)
      "numpy_random is not NumPy's generator state"),
     ("a listed EMA of another model", "rank0.ema", lambda _: array_file({"x": mx.nd.zeros((2,))}),
      "rank0.ema holds 'x', which the model has not"),
+    # issue 42 item 14: the checkpoint of a run with a weight EMA, its rank0.ema removed and unlisted
+    ("an EMA run without its EMA", "meta.json", with_value(0.6, "settings", "ema_decay"),
+     "meta.json lists no rank0.ema, the weight EMA of a run with --ema-decay 0.6"),
 ]
 
 
@@ -742,3 +745,34 @@ def test_a_forged_update_count_is_refused_before_run_start(recs, two_checkpoints
     result = train_refused(recs, folder, f"step-{STEPS + 2}: position epoch 1 step 2 (its reader at 2) with "
                                          f"{10**30} updates does not fit this run's {STEPS} steps per epoch")
     assert "run_start" not in result.stdout
+
+
+def random_bytes(payload):
+    return random.Random(len(payload)).randbytes(len(payload))
+
+
+def dropped_ema(meta):
+    """meta.json of an EMA run (the open division's --ema-decay 0.6) whose rank0.ema was removed."""
+    meta["settings"].update(ema_decay=0.6, submission_division="open")
+    meta["files"].pop("rank0.ema", None)
+    return meta
+
+
+@pytest.mark.parametrize("target, edit, changes, why", [
+    ("rank0.train.dali", random_bytes, {}, "rank0.train.dali: DALI cannot restore it (Assert on "),
+    ("meta.json", dropped_ema, dict(ema_decay=0.6, submission_division="open"), "meta.json lists no rank0.ema"),
+], ids=["DALI state of random bytes", "EMA removed"])
+def test_a_checkpoint_file_a_resume_reads_after_run_start_is_refused_before_it(recs, two_checkpoints, tmp_path,
+                                                                                target, edit, changes, why):
+    """Issue 42 item 14: both checkpoints forged alike, their sizes and CRC-32s rewritten to agree: the resume is one
+    line naming the file, and the stopped run's log is left as it was. The old code resumed and failed after
+    run_start, the log gaining a second run_start: DALI's "Failed to deserialize checkpoint from protobuf", and
+    MXNet's "Check failed: allow_null ... No such file or directory"."""
+    folder = str(copy_of(two_checkpoints, tmp_path))
+    log = tmp_path / "mlperf.log"
+    shutil.copy(os.path.join(os.path.dirname(two_checkpoints), "mlperf.log"), log)
+    before = log.read_text()
+    for step in (STEPS, STEPS + 2):
+        forge(os.path.join(folder, f"step-{step}"), target, edit)
+    train_refused(recs, folder, f"no usable checkpoint: step-{STEPS + 2} ({why}", mllog_file=log, **changes)
+    assert log.read_text() == before
