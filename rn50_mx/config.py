@@ -374,11 +374,12 @@ FALLBACK = "bfloat16_fallback"
 
 
 def cpu_flags(path=None):
-    """The flags of the first processor in `path` (default CPUINFO): empty where there is no such file (not Linux)."""
+    """The flags of the first processor in `path` (default CPUINFO): empty where there is no such file (not Linux).
+    Read as bytes: the flags line is ASCII, a VM's model name may be any bytes."""
     try:
-        with open(path or CPUINFO) as f:
+        with open(path or CPUINFO, "rb") as f:
             for line in f:
-                key, _, value = line.partition(":")
+                key, _, value = line.decode("ascii", "replace").partition(":")
                 if key.strip() == "flags":
                     return set(value.split())
     except OSError:

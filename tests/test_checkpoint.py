@@ -30,8 +30,9 @@ from rn50_mx import checkpoint, config, files, model, optim, timing
 from rn50_mx.config import Settings
 from tests.support.bfloat16 import needs_bfloat16, round_bf16, to_np
 from tests.support.mllog import events, values
-from tests.support.procs import assert_one_line_naming, clean_environ, wait_for
+from tests.support.procs import assert_one_line_naming, clean_environ, run_train, wait_for
 from tests.support.runs import FLAGS, STEPS, argv, assert_same_params, epoch_lines, evaluate, finish, run, start
+from tests.support.settings import STOPPED_RUN
 from tests.support.timing import edited_fixture, report_of
 
 # The compliance checker on a resumed run's log (docs/checkpoints.md): FAILED, first for the second init_start.
@@ -776,3 +777,14 @@ def test_a_checkpoint_file_a_resume_reads_after_run_start_is_refused_before_it(r
         forge(os.path.join(folder, f"step-{step}"), target, edit)
     train_refused(recs, folder, f"no usable checkpoint: step-{STEPS + 2} ({why}", mllog_file=log, **changes)
     assert log.read_text() == before
+
+
+def test_the_bfloat16_fallback_switch_is_not_compared_on_resume(stopped_checkpoints, tmp_path):
+    """Issue 42 item 13: --bfloat16-fallback says how the dtype was chosen; the resolved dtype, compared, says what
+    ran. A float32 run resumed with the switch turned (config/CPU.sh's float32 on a CPU without bfloat16, resumed
+    with it off: here the other way round) goes ahead (7c8846a: "written with other settings, which would change the
+    run: --bfloat16-fallback True (checkpoint: False)")."""
+    folder = shutil.copytree(stopped_checkpoints, tmp_path / "ckpt")
+    result = run_train([*STOPPED_RUN, "--checkpoint-dir", str(folder), "--bfloat16-fallback", "1"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert '"key": "resumed_from"' in result.stdout and '"key": "run_stop"' in result.stdout

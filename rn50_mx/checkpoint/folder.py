@@ -23,10 +23,12 @@ STEP = re.compile(r"^step-(\d+)$")
 KEPT = 2  # complete checkpoints kept: the newest and the one before it
 FINISHED = "finished"  # written when the run ends with run_stop: its checkpoints are not to be resumed
 
-# Settings that do not change what a run computes (--standin: where it runs); every other one must match the
-# checkpoint's. The world size is compared instead of the node and GPU counts.
+# Settings that do not change what a run computes (--standin: where it runs; --bfloat16-fallback: how the dtype was
+# chosen, the resolved dtype being compared); every other one must match the checkpoint's. The world size is compared
+# instead of the node and GPU counts.
 FREE = {"checkpoint_dir", "checkpoint_every", "save_model", "mllog_file", "disp_batches", "exit_timeout",
-        "cache_cleared", "submission_org", "dgxsystem", "dgxnnodes", "dgxngpu", "seed", "standin"}
+        "cache_cleared", "submission_org", "dgxsystem", "dgxnnodes", "dgxngpu", "seed", "standin",
+        "bfloat16_fallback"}
 
 
 def differences(saved, s, world):
