@@ -37,11 +37,11 @@ def problem(folder):
     """Why the checkpoint in `folder` cannot be used (partial, corrupt, or files that do not load: contents.py), or
     None."""
     try:
-        with open(os.path.join(folder, META)) as f:
+        with open(files.regular_input(os.path.join(folder, META))) as f:
             meta = json.load(f)
     except FileNotFoundError:
         return f"no {META}: its writer stopped before the end"
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, InputError) as err:
         return f"{META} unreadable ({err})"
     wrong = meta_problem(meta)
     if wrong:

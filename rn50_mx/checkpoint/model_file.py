@@ -66,7 +66,7 @@ def load_model(path, s, ctx):
     """The network --save-model PATH wrote, as a SymbolBlock on ctx, after checking that `s` is what it was built
     for (PATH-settings.json)."""
     for name in (path + suffix for suffix in MODEL_FILES):
-        if not os.path.isfile(name):
+        if not os.path.isfile(files.regular_input(name)):
             raise InputError(f"--model {path}: no {name} (python -m rn50_mx.train --save-model {path} writes it)")
     recorded = read_json(path + "-settings.json")
     problem = settings_problem(recorded, s) if isinstance(recorded, dict) else "not a settings object"
