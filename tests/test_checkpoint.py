@@ -659,6 +659,29 @@ def test_evaluate_of_a_graph_that_fails_on_the_data_is_one_line(recs, tmp_path):
     assert_one_line_naming(evaluate(recs, 1, "--model", prefix), f"--model {prefix}: the model fails on this data (")
 
 
+def test_evaluate_of_a_symbol_that_is_not_a_network_names_the_file_and_why(recs, tmp_path):
+    """Issue 42: a -symbol.json of `{}` read "cannot load ( At Line 0, around ^``)" on 7c8846a (dmlc's JSON reader
+    ends its message with where it stopped)."""
+    prefix = str(tmp_path / "model")
+    (tmp_path / "model-symbol.json").write_text("{}")
+    mx.nd.save(prefix + "-0000.params", {"arg:w": mx.nd.zeros(1)})
+    recorded = dict(image_shape=FLAGS["image_shape"], num_classes=FLAGS["num_classes"],
+                    input_layout=Settings().input_layout)
+    (tmp_path / "model-settings.json").write_text(json.dumps(recorded))
+    result = evaluate(recs, 1, "--model", prefix)
+    assert_one_line_naming(result, f"--model {prefix}: {prefix}-symbol.json is not a network MXNet can load "
+                                   '(JSONReader: Missing field "arg_nodes")')
+
+
+@needs_bfloat16
+def test_evaluate_refuses_a_checkpoint_in_another_dtype(recs, two_checkpoints):
+    """Issue 42: the float32 checkpoint evaluated under bfloat16 was rounded into a bfloat16 network without a word
+    (7c8846a: rc 0 and a top-1 of another model than the run's)."""
+    result = evaluate(recs, 1, checkpoint_dir=two_checkpoints, dtype="bfloat16")
+    assert_one_line_naming(result, f"--checkpoint-dir {two_checkpoints}: --dtype=bfloat16: the model was trained "
+                                   "with float32")
+
+
 @pytest.mark.parametrize("extra,name", [
     ([], "give one of --model PATH and --checkpoint-dir DIR"),
     (["--model", "/nonexistent/m"], "/nonexistent/m-0000.params"),
