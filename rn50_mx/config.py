@@ -22,6 +22,7 @@ from .errors import InputError
 # 2048 pixels (84 times the reference's 224x224 in every activation) is a typo, not a recipe.
 MAX_BATCH = 16384
 MAX_IMAGE_SIDE = 2048
+MIN_IMAGE_SIDE = 32  # of H, W and the val crop: ResNet-50 halves the side 5 times
 SYSTEM_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"  # a DGXSYSTEM: it names config/<SYSTEM>.sh and the fragments beside it
 MIN_PROG_SIDE = 16  # a progressive-resizing start side: each stride-2 layer rounds up, so 16 px leave 1x1 at stage 4
 
@@ -374,11 +375,12 @@ FALLBACK = "bfloat16_fallback"
 
 
 def cpu_flags(path=None):
-    """The flags of the first processor in `path` (default CPUINFO): empty where there is no such file (not Linux)."""
+    """The flags of the first processor in `path` (default CPUINFO): empty where there is no such file (not Linux).
+    Read as bytes: the flags line is ASCII, a VM's model name may be any bytes."""
     try:
-        with open(path or CPUINFO) as f:
+        with open(path or CPUINFO, "rb") as f:
             for line in f:
-                key, _, value = line.partition(":")
+                key, _, value = line.decode("ascii", "replace").partition(":")
                 if key.strip() == "flags":
                     return set(value.split())
     except OSError:
@@ -502,9 +504,9 @@ def check_image_shape(s, src=flag_name):
     chw = s.image_shape.split(",") if isinstance(s.image_shape, str) else []
     if len(chw) != 3 or not all(v.isdecimal() and int(v) > 0 for v in chw) or int(chw[0]) not in (3, 4):
         raise SettingsError(f"{src('image_shape')}={s.image_shape!r}: expected C,H,W with C 3 or 4")
-    if not all(32 <= int(side) <= MAX_IMAGE_SIDE for side in chw[1:]):
-        raise SettingsError(f"{src('image_shape')}={s.image_shape!r}: H and W must be 32 to {MAX_IMAGE_SIDE} "
-                            "(ResNet-50 halves the side 5 times)")
+    if not all(MIN_IMAGE_SIDE <= int(side) <= MAX_IMAGE_SIDE for side in chw[1:]):
+        raise SettingsError(f"{src('image_shape')}={s.image_shape!r}: H and W must be {MIN_IMAGE_SIDE} to "
+                            f"{MAX_IMAGE_SIDE} (ResNet-50 halves the side 5 times)")
 
 
 def validate(s, origins=None):
@@ -553,9 +555,9 @@ def validate(s, origins=None):
                             f"{s.optimizer}: MXNet's SGD takes one momentum)")
     if s.batch_schedule:
         check_batch_schedule(s, src)
-    if 0 < s.val_crop < 32:
-        raise SettingsError(f"{src('val_crop')}={s.val_crop}: must be 0 or 32 to {MAX_IMAGE_SIDE} (ResNet-50 halves "
-                            "the side 5 times)")
+    if 0 < s.val_crop < MIN_IMAGE_SIDE:
+        raise SettingsError(f"{src('val_crop')}={s.val_crop}: must be 0 or {MIN_IMAGE_SIDE} to {MAX_IMAGE_SIDE} "
+                            "(ResNet-50 halves the side 5 times)")
     if s.prog_start_side:
         check_progressive(s, src)
     if origins.get("omp_num_threads") == "flag":

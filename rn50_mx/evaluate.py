@@ -43,7 +43,7 @@ def from_checkpoint(s, folder, ctx):
     chosen = checkpoint.newest_usable(folder, set_aside=False) if os.path.isdir(folder) else None
     if chosen is None:
         raise InputError(f"--checkpoint-dir {folder}: no checkpoint there")
-    problem = checkpoint.settings_problem(checkpoint.read_meta(chosen)["settings"], s)
+    problem = checkpoint.settings_problem(checkpoint.read_meta(chosen)["settings"], s, checkpoint.CHECKPOINT_FIELDS)
     if problem:
         raise InputError(f"--checkpoint-dir {folder}: {problem} ({chosen})")
     net = network(s, ctx)

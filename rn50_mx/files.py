@@ -29,6 +29,25 @@ def read_bytes(path):
         raise InputError(f"{path}: cannot read ({err.strerror})") from None
 
 
+def regular_input(path):
+    """`path`, once it names a regular file (through links), checked before any open: opening a FIFO waits for a
+    writer that may never come (a .rec planted as a pipe hung evaluate and check), a device reads without end, a
+    folder fails in a library's own words. One line naming the path otherwise; a path that is not there is left to
+    the caller's open, whose words say so."""
+    with contextlib.suppress(OSError):
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise InputError(f"{path}: {special_kind(mode)}, not a regular file: cannot read it")
+    return path
+
+
+def special_kind(mode):
+    """What a file that is not a regular one is, in words."""
+    kinds = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISDIR, "a folder"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))
+    return next((words for test, words in kinds if test(mode)), "a special file")
+
+
 def os_error(path, err, doing="write"):
     """An InputError naming `path` and the operating system's reason."""
     return InputError(f"{path}: cannot {doing} ({err.strerror or err})")

@@ -100,7 +100,7 @@ def find_logs(paths):
             if not inside:
                 raise InputError(f"{path}: directory has no *.log or result_*.txt files")
             found += inside
-        elif os.path.isfile(path):
+        elif os.path.isfile(files.regular_input(path)):
             found.append(path)
         else:
             raise InputError(f"{path}: no such file or directory")

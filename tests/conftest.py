@@ -8,6 +8,7 @@ import pytest
 from rn50_mx import prep_rec
 from tests.support.data import packed_train_val, write_jpeg_tree
 from tests.support.procs import ROOT, run_train
+from tests.support.settings import STOPPED_RUN
 
 @pytest.fixture(scope="session")
 def jpeg_tree(tmp_path_factory):
@@ -67,9 +68,7 @@ def stopped_checkpoints(tmp_path_factory):
     """A checkpoint folder as a stopped run leaves it (tests must copy it): the checkpoint after epoch 1 of a tiny
     synthetic run of 2 (the last epoch writes none), the mark that its run ended removed."""
     folder = tmp_path_factory.mktemp("stopped") / "ckpt"
-    result = run_train(["--synthetic", "1", "--num-examples", "8", "--batch-size", "4", "--num-epochs", "2",
-                        "--warmup-epochs", "0", "--eval-offset", "0", "--image-shape", "3,32,32", "--num-classes", "3",
-                        "--accuracy-threshold", "1.0", "--checkpoint-dir", str(folder), "--checkpoint-every", "1"])
+    result = run_train([*STOPPED_RUN, "--checkpoint-dir", str(folder), "--checkpoint-every", "1"])
     assert result.returncode == 0, result.stderr[-2000:]
     os.remove(folder / "finished")
     return str(folder)

@@ -30,8 +30,9 @@ from rn50_mx import checkpoint, config, files, model, optim, timing
 from rn50_mx.config import Settings
 from tests.support.bfloat16 import needs_bfloat16, round_bf16, to_np
 from tests.support.mllog import events, values
-from tests.support.procs import assert_one_line_naming, clean_environ, wait_for
+from tests.support.procs import assert_one_line_naming, clean_environ, run_train, wait_for
 from tests.support.runs import FLAGS, STEPS, argv, assert_same_params, epoch_lines, evaluate, finish, run, start
+from tests.support.settings import STOPPED_RUN
 from tests.support.timing import edited_fixture, report_of
 
 # The compliance checker on a resumed run's log (docs/checkpoints.md): FAILED, first for the second init_start.
@@ -358,6 +359,9 @@ FORGED = [  # issue 28 item 5: (name, file, edit, what the refusal says)
      "numpy_random is not NumPy's generator state"),
     ("a listed EMA of another model", "rank0.ema", lambda _: array_file({"x": mx.nd.zeros((2,))}),
      "rank0.ema holds 'x', which the model has not"),
+    # issue 42 item 14: the checkpoint of a run with a weight EMA, its rank0.ema removed and unlisted
+    ("an EMA run without its EMA", "meta.json", with_value(0.6, "settings", "ema_decay"),
+     "meta.json lists no rank0.ema, the weight EMA of a run with --ema-decay 0.6"),
 ]
 
 
@@ -655,6 +659,29 @@ def test_evaluate_of_a_graph_that_fails_on_the_data_is_one_line(recs, tmp_path):
     assert_one_line_naming(evaluate(recs, 1, "--model", prefix), f"--model {prefix}: the model fails on this data (")
 
 
+def test_evaluate_of_a_symbol_that_is_not_a_network_names_the_file_and_why(recs, tmp_path):
+    """Issue 42: a -symbol.json of `{}` read "cannot load ( At Line 0, around ^``)" on 7c8846a (dmlc's JSON reader
+    ends its message with where it stopped)."""
+    prefix = str(tmp_path / "model")
+    (tmp_path / "model-symbol.json").write_text("{}")
+    mx.nd.save(prefix + "-0000.params", {"arg:w": mx.nd.zeros(1)})
+    recorded = dict(image_shape=FLAGS["image_shape"], num_classes=FLAGS["num_classes"],
+                    input_layout=Settings().input_layout)
+    (tmp_path / "model-settings.json").write_text(json.dumps(recorded))
+    result = evaluate(recs, 1, "--model", prefix)
+    assert_one_line_naming(result, f"--model {prefix}: {prefix}-symbol.json is not a network MXNet can load "
+                                   '(JSONReader: Missing field "arg_nodes")')
+
+
+@needs_bfloat16
+def test_evaluate_refuses_a_checkpoint_in_another_dtype(recs, two_checkpoints):
+    """Issue 42: the float32 checkpoint evaluated under bfloat16 was rounded into a bfloat16 network without a word
+    (7c8846a: rc 0 and a top-1 of another model than the run's)."""
+    result = evaluate(recs, 1, checkpoint_dir=two_checkpoints, dtype="bfloat16")
+    assert_one_line_naming(result, f"--checkpoint-dir {two_checkpoints}: --dtype=bfloat16: the model was trained "
+                                   "with float32")
+
+
 @pytest.mark.parametrize("extra,name", [
     ([], "give one of --model PATH and --checkpoint-dir DIR"),
     (["--model", "/nonexistent/m"], "/nonexistent/m-0000.params"),
@@ -742,3 +769,45 @@ def test_a_forged_update_count_is_refused_before_run_start(recs, two_checkpoints
     result = train_refused(recs, folder, f"step-{STEPS + 2}: position epoch 1 step 2 (its reader at 2) with "
                                          f"{10**30} updates does not fit this run's {STEPS} steps per epoch")
     assert "run_start" not in result.stdout
+
+
+def random_bytes(payload):
+    return random.Random(len(payload)).randbytes(len(payload))
+
+
+def dropped_ema(meta):
+    """meta.json of an EMA run (the open division's --ema-decay 0.6) whose rank0.ema was removed."""
+    meta["settings"].update(ema_decay=0.6, submission_division="open")
+    meta["files"].pop("rank0.ema", None)
+    return meta
+
+
+@pytest.mark.parametrize("target, edit, changes, why", [
+    ("rank0.train.dali", random_bytes, {}, "rank0.train.dali: DALI cannot restore it (Assert on "),
+    ("meta.json", dropped_ema, dict(ema_decay=0.6, submission_division="open"), "meta.json lists no rank0.ema"),
+], ids=["DALI state of random bytes", "EMA removed"])
+def test_a_checkpoint_file_a_resume_reads_after_run_start_is_refused_before_it(recs, two_checkpoints, tmp_path,
+                                                                                target, edit, changes, why):
+    """Issue 42 item 14: both checkpoints forged alike, their sizes and CRC-32s rewritten to agree: the resume is one
+    line naming the file, and the stopped run's log is left as it was. The old code resumed and failed after
+    run_start, the log gaining a second run_start: DALI's "Failed to deserialize checkpoint from protobuf", and
+    MXNet's "Check failed: allow_null ... No such file or directory"."""
+    folder = str(copy_of(two_checkpoints, tmp_path))
+    log = tmp_path / "mlperf.log"
+    shutil.copy(os.path.join(os.path.dirname(two_checkpoints), "mlperf.log"), log)
+    before = log.read_text()
+    for step in (STEPS, STEPS + 2):
+        forge(os.path.join(folder, f"step-{step}"), target, edit)
+    train_refused(recs, folder, f"no usable checkpoint: step-{STEPS + 2} ({why}", mllog_file=log, **changes)
+    assert log.read_text() == before
+
+
+def test_the_bfloat16_fallback_switch_is_not_compared_on_resume(stopped_checkpoints, tmp_path):
+    """Issue 42 item 13: --bfloat16-fallback says how the dtype was chosen; the resolved dtype, compared, says what
+    ran. A float32 run resumed with the switch turned (config/CPU.sh's float32 on a CPU without bfloat16, resumed
+    with it off: here the other way round) goes ahead (7c8846a: "written with other settings, which would change the
+    run: --bfloat16-fallback True (checkpoint: False)")."""
+    folder = shutil.copytree(stopped_checkpoints, tmp_path / "ckpt")
+    result = run_train([*STOPPED_RUN, "--checkpoint-dir", str(folder), "--bfloat16-fallback", "1"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert '"key": "resumed_from"' in result.stdout and '"key": "run_stop"' in result.stdout

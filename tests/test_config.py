@@ -281,3 +281,12 @@ def test_the_recipe_never_names_a_config_like_a_fragment(tmp_path):
                   "--config-dir", str(tmp_path)])
     assert_one_line_naming(result, "--system CPU_hparams: config/<SYSTEM>_tuned and _hparams.sh are the fragments")
     assert os.listdir(tmp_path) == []
+
+
+def test_a_cpuinfo_that_is_not_utf8_gives_its_flags(monkeypatch, tmp_path):
+    """Issue 42 item 11: a VM's model name may be any bytes; config/CPU.sh's bfloat16 reads the flags at every
+    command (7c8846a: UnicodeDecodeError in config.cpu_flags)."""
+    from rn50_mx import config
+    path = planted_cpuinfo(monkeypatch, tmp_path, " avx512_bf16")
+    path.write_bytes(b"model name\t: \xff\xfe Virtual \xe9CPU\n" + path.read_bytes())
+    assert config.load(["--dtype", "bfloat16"], {}).dtype == "bfloat16"

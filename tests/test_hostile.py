@@ -57,6 +57,19 @@ def with_odd_name(shared, tmp, name):
     return jpegs
 
 
+def with_fifo(shared, tmp, name):
+    """A copy of the shared data whose `name` is a FIFO no one writes: a reader that opens it waits forever."""
+    data = shutil.copytree(shared["data"], tmp / "data")
+    os.remove(data / name)
+    os.mkfifo(data / name)
+    return data
+
+
+def check_data(data):
+    return py("rn50_mx.check", "--data-train", data / "train.rec", "--data-val", data / "val.rec", "--num-classes", "5",
+              "--batch-size", "4")
+
+
 def garbage_idx(shared, tmp):
     data = shutil.copytree(shared["data"], tmp / "data")
     with open(data / "val.idx", "a") as f:
@@ -138,6 +151,20 @@ PROBES = [
           r"^rn50_mx\.check: error: BATCHSIZ: not a variable", status=2),
     Probe("timing: a log holding two runs",
           lambda tmp, sh: (py("rn50_mx.timing", two_runs(tmp)), {}), r"^python -m rn50_mx\.timing: error: .*: holds 2 runs"),
+    # issue 42 item 7: a FIFO named as an input blocked every reader (7c8846a: check and evaluate hung)
+    Probe("check: a FIFO as the val .rec", lambda tmp, sh: (check_data(with_fifo(sh, tmp, "val.rec")), {}),
+          r"^rn50_mx\.check: error: .*/val\.rec: a FIFO \(named pipe\), not a regular file: cannot read it$"),
+    Probe("check: a FIFO as the train .idx", lambda tmp, sh: (check_data(with_fifo(sh, tmp, "train.idx")), {}),
+          r"^rn50_mx\.check: error: .*/train\.idx: a FIFO \(named pipe\), not a regular file"),
+    Probe("verify: a FIFO as the .idx",
+          lambda tmp, sh: (py("rn50_mx.prep_rec", "verify", with_fifo(sh, tmp, "val.idx") / "val"), {}),
+          r"^prep_rec: error: .*/val\.idx: a FIFO \(named pipe\), not a regular file"),
+    Probe("verify: a FIFO as the .rec",
+          lambda tmp, sh: (py("rn50_mx.prep_rec", "verify", with_fifo(sh, tmp, "val.rec") / "val"), {}),
+          r"^prep_rec: error: .*/val\.rec: a FIFO \(named pipe\), not a regular file"),
+    Probe("timing: a FIFO as the log", lambda tmp, sh: (py("rn50_mx.timing", with_fifo(sh, tmp, "val.lst") / "val.lst"),
+                                                        {}),
+          r"^python -m rn50_mx\.timing: error: .*/val\.lst: a FIFO \(named pipe\), not a regular file"),
     Probe("timing: eval_accuracy not a number",
           lambda tmp, sh: (py("rn50_mx.timing", log_with(tmp, {'"value": 0.32822': '"value": "high"'})), {}),
           r"^python -m rn50_mx\.timing: error: .*edited\.log: eval_accuracy 'high' is not a number"),
@@ -284,3 +311,13 @@ def test_sigterm_on_make_demo_while_it_packs_leaves_nothing_running(tmp_path):
     status, text = sigterm_to(command, tmp_path / "out.txt", packing)
     assert status == -signal.SIGTERM, text[-3000:]
     assert not (tmp_path / "logs").exists()
+
+
+def test_a_fifo_as_the_val_rec_is_one_line_in_evaluate(shared, stopped_checkpoints, tmp_path):
+    """Issue 42 item 7: evaluate opened the FIFO and waited for a writer forever (7c8846a)."""
+    data = with_fifo(shared, tmp_path, "val.rec")
+    result = run(py("rn50_mx.evaluate", "--checkpoint-dir", shutil.copytree(stopped_checkpoints, tmp_path / "ckpt"),
+                    "--data-val", data / "val.rec", "--num-classes", "3", "--image-shape", "3,32,32"), timeout=60)
+    assert result.stderr.strip().splitlines()[-1] == (f"rn50_mx.evaluate: error: {data / 'val.rec'}: a FIFO (named "
+                                                      "pipe), not a regular file: cannot read it")
+    assert result.returncode == 2 and "Traceback" not in result.stderr

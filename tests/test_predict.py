@@ -131,11 +131,27 @@ def test_predict_answers_for_several_node_counts_and_writes_nothing(config_dir):
     (["--predict", ",".join(str(n) for n in range(1, 66))], "--predict"), (["--predict", "1,-2"], "--predict"),
     (["--node-gbps", "0"], "--node-gbps"), (["--node-gbps", "nan"], "--node-gbps"),
     (["--node-gbps", "inf"], "--node-gbps"), (["--node-gbps", "fast"], "--node-gbps"),
-    (["--img-per-sec-per-gpu", "nan"], "--img-per-sec-per-gpu"), ([], "--nodes")])
+    (["--img-per-sec-per-gpu", "nan"], "--img-per-sec-per-gpu"), ([], "--nodes"),
+    # issue 42 item 12: values no GPU or fabric has. 7c8846a: an OverflowError; a config whose WALLTIME had 300
+    # digits; inf and -inf% rows, rc 0; a --nodes that --predict ignored without a word
+    (["--img-per-sec-per-gpu", "1e-310"], "--img-per-sec-per-gpu=1e-310: must be 1 to 100,000 images/s"),
+    (["--img-per-sec-per-gpu", "1e-300"], "--img-per-sec-per-gpu=1e-300: must be 1 to 100,000 images/s"),
+    (["--img-per-sec-per-gpu", "1e9"], "--img-per-sec-per-gpu=1e+09: must be 1 to 100,000 images/s"),
+    (["--node-gbps", "1e-310", "--predict", "1,2"], "--nodes 1 with --predict 1,2: --predict's list gives"),
+    (["--node-gbps", "1e-310"], "--node-gbps=1e-310: must be 1 to 100,000 Gb/s"),
+    (["--gpu-memory", "1e-300"], "--gpu-memory=1e-300: must be 1 to 1,024 GiB"),
+    (["--cores-per-node", "100000000"], "--cores-per-node=100000000: must be 1 to 4,096 cores")])
 def test_bad_prediction_flags_are_one_line_naming_them(config_dir, flags, named):
     result = run_recipe(config_dir, "--gpus-per-node", "8", *(["--nodes", "1"] if flags else []), *flags)
     assert_one_line_naming(result, named)
     assert os.listdir(config_dir) == ["gpu_common.sh"]
+
+
+def test_predict_refuses_a_bandwidth_no_fabric_has(config_dir):
+    """--predict's rows were inf and -inf% at --node-gbps 1e-310 (7c8846a, rc 0)."""
+    result = run_recipe(config_dir, "--gpus-per-node", "8", "--predict", "1,2", "--node-gbps", "1e-310")
+    assert_one_line_naming(result, "--node-gbps=1e-310: must be 1 to 100,000 Gb/s")
+    assert "inf" not in result.stdout
 
 
 def test_the_search_s_default_horizon_reaches_down_to_what_the_checker_accepts():

@@ -19,7 +19,7 @@ import pytest
 from rn50_mx import config
 from rn50_mx.errors import InputError
 from rn50_mx.rehearse import plan, stages
-from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming
+from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, mounted
 
 GPU_ONLY_WORDS = "this says nothing of whether the GPU run will work"
 
@@ -310,3 +310,63 @@ def test_horovodrun_is_found_on_path_as_the_self_test_finds_it(tmp_path, monkeyp
                             env={"PATH": ENV_PATH, "HOME": "/tmp", **PYTHONPATH})
     assert_one_line_naming(result, "rn50_mx.rehearse: error: horovodrun: not found beside ")
     assert not (tmp_path / "work").exists()
+
+# Issue 42 item 5: configs `check` passes that the shrink broke (7c8846a): the batch schedule's epochs left where they
+# were, the val crop scaled below 32 px, 4 classes generated whatever NUM_CLASSES. Open levers, NF5688M6 in float32
+# (NVIDIA's NHWC float16 BatchNorm cannot add steps up: check refuses a batch schedule there).
+WORKING = {"RN50_BATCH_SCHEDULE": "20:2", "RN50_VAL_CROP": "96", "NUM_CLASSES": "3"}
+
+
+def nf5688m6(**env):
+    return config.load([], environ=sourced(os.path.join(ROOT, "config", "NF5688M6.sh"), DTYPE="float32",
+                                           SUBMISSION_DIVISION="open", **env))
+
+
+@pytest.mark.parametrize("name", ["RN50_BATCH_SCHEDULE", "RN50_VAL_CROP"])
+def test_a_config_check_passes_is_shrunk_to_settings_that_pass_it_too(name):
+    s = nf5688m6(**{name: WORKING[name]})
+    shrunk = s.replace(**plan.shrink(s, 2, {"train": "t.rec", "val": "v.rec"}).flags)
+    config.validate(shrunk)  # 7c8846a: "epoch 20 is past the run's last epoch", "--val-crop=27: must be 0 or 32 ..."
+    assert (shrunk.batch_schedule, shrunk.val_crop) == ("1:2" if s.batch_schedule else "", 32 if s.val_crop else 0)
+
+
+def test_the_generated_records_hold_the_config_s_classes(tmp_path):
+    """NUM_CLASSES=3: labels 0..2 only (7c8846a made 4 classes, and the run failed on "label 3")."""
+    from rn50_mx import prep_rec
+    data = plan.generated_records(str(tmp_path), num_classes=3)
+    for split, images in (("train", plan.TRAIN_IMAGES), ("val", plan.VAL_IMAGES)):
+        summary = prep_rec.verify(data[split][:-4], num_classes=3)
+        assert summary.problems == () and summary.classes == 3 and summary.images >= images, summary
+
+
+def test_a_shrink_the_plan_cannot_make_is_said_as_its_limit(monkeypatch):
+    """A shrunk side the progressive ramp's 16 px step does not divide (a plan of 40 px): the plan's limit, in one
+    line, not a stage failing as if the config did (7c8846a handed the settings to the run unchecked)."""
+    monkeypatch.setattr(plan, "SIDE", 40)
+    s = nf5688m6(RN50_PROG_START_SIDE="128", RN50_PROG_END_EPOCH="10")
+    with pytest.raises(plan.Limit, match=r"^the rehearsal cannot shrink this config \(--prog-step=16: must divide .*"
+                                         r"\): a limit of its plan \(rn50_mx/rehearse/plan\.py\), not a fault"):
+        plan.shrink(s, 2, {"train": "t.rec", "val": "v.rec"})
+
+
+@pytest.mark.slow
+def test_the_configs_the_shrink_broke_rehearse(tmp_path):
+    """The three of WORKING in one config, rehearsed --quick: the run trains with the schedule, the crop and the
+    classes the shrink made (7c8846a: its train stage failed on the first it met)."""
+    result = rehearse("NF5688M6", "--quick", "--work", str(tmp_path / "work"),
+                      env={"DTYPE": "float32", "SUBMISSION_DIVISION": "open", **WORKING})
+    assert result.returncode == 0 and rows(result.stdout)["train"][0] == "ok", result.stdout[-3000:]
+    assert "batch schedule 20:2 -> 1:2" in result.stdout
+
+
+def test_generated_images_on_a_full_disk_are_one_line(tmp_path):
+    """Issue 42 item 11: 7c8846a gave an OSError traceback."""
+    with mounted(tmp_path / "full", "size=16k") as full:
+        result = rehearse("NF5688M6", "--quick", "--work", full + "/work", timeout=120)
+    assert_one_line_naming(result, f"{full}/work/data/jpegs: cannot write the rehearsal's generated images (No space "
+                                   "left on device)")
+
+
+def test_a_cpu_config_is_refused_before_its_work_folder_is_made(tmp_path):
+    assert_one_line_naming(rehearse("CPU", "--quick", "--work", str(tmp_path / "work"), timeout=120), "DEVICE=cpu")
+    assert not (tmp_path / "work").exists()  # 7c8846a made it first

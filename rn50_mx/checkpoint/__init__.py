@@ -35,9 +35,10 @@ stops.py (the signals and the agreed step), model_file.py (--save-model).
 from ..errors import InputError
 from .disk import first_line, read_meta
 from .folder import Checkpoints, Position, lock, model_arrays, newest_usable, refuse_ended, set_params
-from .model_file import MODEL_FILES, load_model, model_output, save_model, settings_problem
+from .model_file import CHECKPOINT_FIELDS, MODEL_FILES, load_model, model_output, save_model, settings_problem
 from .stops import RESUMABLE, RESUMABLE_EXIT, NoStops, Stops, default_signals
 
 __all__ = ["InputError", "first_line", "read_meta", "Checkpoints", "Position", "lock", "model_arrays",
-           "newest_usable", "refuse_ended", "set_params", "model_output", "MODEL_FILES", "save_model", "load_model",
-           "settings_problem", "RESUMABLE", "RESUMABLE_EXIT", "NoStops", "Stops", "default_signals"]
+           "newest_usable", "refuse_ended", "set_params", "model_output", "CHECKPOINT_FIELDS", "MODEL_FILES",
+           "save_model", "load_model", "settings_problem", "RESUMABLE", "RESUMABLE_EXIT", "NoStops", "Stops",
+           "default_signals"]

@@ -14,6 +14,7 @@ import mxnet as mx
 import numpy as np
 
 from .. import config, model, optim
+from ..data import iters, pipeline, records
 from ..errors import InputError
 from . import trainer_file
 
@@ -86,6 +87,9 @@ def load_problem(folder, meta):
         averaged = [f"rank{rank}.ema" in meta["files"] for rank in range(meta["world"])]
         if any(averaged) and not all(averaged):
             raise Bad("meta.json lists the weight EMA (rank<R>.ema) of some ranks only")
+        if s.ema_decay and not all(averaged):  # the resumed run would meet the missing file after run_start
+            raise Bad(f"meta.json lists no rank{averaged.index(False)}.ema, the weight EMA of a run with "
+                      f"--ema-decay {s.ema_decay:g}")
         for rank in range(meta["world"]):
             check_arrays(folder, f"rank{rank}.aux", expected, every=False)
             if averaged[rank]:
@@ -109,6 +113,36 @@ def expected_model(settings):
     net = model.build_model(s, mx.cpu())
     trainer = optim.make_trainer(net, s, 1)  # its parameter order is the one trainer_file's indices follow
     return {p.name: (p.shape, np.dtype(p.dtype)) for p in trainer._params}
+
+
+def dali_problem(folder, meta, s, device_id):
+    """Why the DALI states of the checkpoint in `folder` (rank<R>.<split>.dali) would fail the resumed run of settings
+    `s` (the checkpoint's own, with this run's free ones) after run_start, or None: each listed, and each restored by
+    DALI itself into the pipeline that split builds (data.pipeline, on `device_id` as the run's), which reads the
+    data's .idx for it (a resume is never scored). A state is put into a scratch pipeline of the rank's first shard:
+    DALI restores any shard's state into it, and refuses bytes it cannot parse or that name operators the pipeline
+    has not. Data the settings name that cannot be read are their own line (InputError), not the checkpoint's."""
+    splits = [split for split in ("train", "val") if dali_split(s, split)]
+    for split in splits:
+        rec, idx = records.rec_and_idx(s, split == "train")
+        for rank in range(meta["world"]):
+            name = f"rank{rank}.{split}.dali"
+            if name not in meta["files"]:
+                return f"meta.json lists no {name}, rank {rank}'s {split} reader state"
+            with open(os.path.join(folder, name), "rb") as f:
+                state = f.read()
+            sizes = iters.SizeSchedule(s) if split == "train" and s.prog_start_side else None
+            try:
+                pipeline.build_pipeline(s, rec, idx, split == "train", rank, meta["world"], 0, device_id, state,
+                                        sizes).build()
+            except RuntimeError as err:
+                return f"{name}: DALI cannot restore it ({str(err).strip().splitlines()[0][:200]})"
+    return None
+
+
+def dali_split(s, split):
+    """Whether the run of `s` reads `split` through DALI (a synthetic run reads no file)."""
+    return not s.synthetic and bool(s.data_train if split == "train" else s.data_val)
 
 
 def load_arrays(folder, name):

@@ -2,6 +2,7 @@
 lists."""
 import json
 import os
+import re
 
 from .. import files
 from ..errors import InputError
@@ -37,11 +38,11 @@ def problem(folder):
     """Why the checkpoint in `folder` cannot be used (partial, corrupt, or files that do not load: contents.py), or
     None."""
     try:
-        with open(os.path.join(folder, META)) as f:
+        with open(files.regular_input(os.path.join(folder, META))) as f:
             meta = json.load(f)
     except FileNotFoundError:
         return f"no {META}: its writer stopped before the end"
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, InputError) as err:
         return f"{META} unreadable ({err})"
     wrong = meta_problem(meta)
     if wrong:
@@ -77,5 +78,11 @@ def read_json(path):
 
 
 def first_line(err):
-    """An OSError's reason, or the last line of an MXNetError (its first lines are a C++ stack)."""
-    return getattr(err, "strerror", None) or str(err).strip().splitlines()[-1].replace("MXNetError: ", "")
+    """An OSError's reason, or the last line of an MXNetError (its first lines are a C++ stack), without the place
+    dmlc's JSON reader adds after it (' At Line 0, around ^...') and the condition a failed check names."""
+    if getattr(err, "strerror", None):
+        return err.strerror
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()] or [type(err).__name__]
+    while len(lines) > 1 and lines[-1].startswith("At "):
+        lines.pop()
+    return re.sub(r"Check failed: .*? \(.*? vs\. .*?\) : ", "", lines[-1].replace("MXNetError: ", ""))

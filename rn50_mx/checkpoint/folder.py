@@ -16,16 +16,19 @@ import numpy as np
 from .. import config, dist, ema, files, mlperf_log
 from ..errors import InputError
 from . import trainer_file
+from .contents import dali_problem
 from .disk import META, first_line, fsync_path, problem, read_json, read_meta, summary, write_bytes
 
 STEP = re.compile(r"^step-(\d+)$")
 KEPT = 2  # complete checkpoints kept: the newest and the one before it
 FINISHED = "finished"  # written when the run ends with run_stop: its checkpoints are not to be resumed
 
-# Settings that do not change what a run computes (--standin: where it runs); every other one must match the
-# checkpoint's. The world size is compared instead of the node and GPU counts.
+# Settings that do not change what a run computes (--standin: where it runs; --bfloat16-fallback: how the dtype was
+# chosen, the resolved dtype being compared); every other one must match the checkpoint's. The world size is compared
+# instead of the node and GPU counts.
 FREE = {"checkpoint_dir", "checkpoint_every", "save_model", "mllog_file", "disp_batches", "exit_timeout",
-        "cache_cleared", "submission_org", "dgxsystem", "dgxnnodes", "dgxngpu", "seed", "standin"}
+        "cache_cleared", "submission_org", "dgxsystem", "dgxnnodes", "dgxngpu", "seed", "standin",
+        "bfloat16_fallback"}
 
 
 def differences(saved, s, world):
@@ -59,7 +62,8 @@ class Checkpoints:
         self.lock = lock(self.dir) if d.rank == 0 else None
         if d.rank == 0:
             refuse_ended(self.dir)
-        self.resume = agree(d, self.dir)  # the folder of the newest usable checkpoint, or None
+        # the folder of the newest usable checkpoint, or None
+        self.resume = agree(d, self.dir, lambda path: resume_problem(path, s, d))
         self.meta = read_meta(self.resume) if self.resume else None
         if self.meta:
             wrong = differences(self.meta, s, d.size)
@@ -271,10 +275,20 @@ def refuse_ended(folder):
                              "another folder (python -m rn50_mx.evaluate --checkpoint-dir reads it)")
 
 
-def newest_usable(folder, set_aside=True):
-    """The newest complete checkpoint that passes its checks, or None. Each one refused is one line on stderr; with
-    set_aside (the run that holds the lock), renamed out of the way, and a partial one left by a writer that
-    stopped is removed."""
+def resume_problem(folder, s, d):
+    """What only a resume reads of the checkpoint in `folder` (disk.problem passed), for the run of settings `s` on
+    rank 0 of `d`: its DALI states, restored by DALI into the pipelines of the checkpoint's settings on this run's
+    device (contents.dali_problem), or None."""
+    meta = read_meta(folder)
+    recorded = config.Settings(**{**{f: getattr(s, f) for f in FREE}, **meta["settings"]})
+    ctx = dist.context(s, d.local_rank)
+    return dali_problem(folder, meta, recorded, ctx.device_id if ctx.device_type == "gpu" else None)
+
+
+def newest_usable(folder, set_aside=True, deeper=lambda path: None):
+    """The newest complete checkpoint that passes its checks (disk.problem, then deeper(its folder): a problem or
+    None), or None. Each one refused is one line on stderr; with set_aside (the run that holds the lock), renamed
+    out of the way, and a partial one left by a writer that stopped is removed."""
     for name in os.listdir(folder) if set_aside else ():
         if name.startswith(".tmp-"):
             shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
@@ -282,7 +296,7 @@ def newest_usable(folder, set_aside=True):
                   file=sys.stderr)
     found, refused = complete(folder), []
     for path in reversed(found):
-        why = problem(path)
+        why = problem(path) or deeper(path)
         if why is None:
             for bad, reason in refused:
                 if set_aside:
@@ -297,9 +311,10 @@ def newest_usable(folder, set_aside=True):
     return None
 
 
-def agree(d, folder):
-    """The checkpoint every rank resumes from: rank 0's choice (its step, summed over ranks)."""
-    chosen = newest_usable(folder) if d.rank == 0 else None
+def agree(d, folder, deeper):
+    """The checkpoint every rank resumes from: rank 0's choice (newest_usable with `deeper`; its step, summed over
+    ranks)."""
+    chosen = newest_usable(folder, deeper=deeper) if d.rank == 0 else None
     step = int(STEP.match(os.path.basename(chosen)).group(1)) + 1 if chosen else 0
     step = int(d.host_sum([step]).asscalar())
     return os.path.join(folder, f"step-{step - 1}") if step else None

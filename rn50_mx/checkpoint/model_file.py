@@ -14,6 +14,10 @@ MODEL_FILES = ("-0000.params", "-symbol.json", "-settings.json")
 # What a network was built for: evaluated with others, it fails in MXNet or, for the image side, gives another top-1
 # in silence. PATH-settings.json records them for a saved model, meta.json for a checkpoint.
 MODEL_FIELDS = ("image_shape", "num_classes", "input_layout")
+# A checkpoint's arrays go into a network evaluate builds from its settings: one of another dtype would round them
+# (a float32 run's weights evaluated in bfloat16) and score another model than the run's. A saved model keeps its own
+# types in its files.
+CHECKPOINT_FIELDS = (*MODEL_FIELDS, "dtype")
 
 
 def model_output(s, d):
@@ -28,10 +32,10 @@ def model_output(s, d):
     return files.owned(s.save_model)
 
 
-def settings_problem(recorded, s):
-    """'--flag=VALUE: the model was trained with OTHER' for the first of MODEL_FIELDS in which `s` differs from the
+def settings_problem(recorded, s, fields=MODEL_FIELDS):
+    """'--flag=VALUE: the model was trained with OTHER' for the first of `fields` in which `s` differs from the
     settings `recorded` with the model (or which they lack), or None."""
-    for name in MODEL_FIELDS:
+    for name in fields:
         if name not in recorded:  # skipping it, the model met its first batch in MXNet's forward
             return f"{config.flag_name(name)}: the model's settings do not record it"
         if recorded[name] != getattr(s, name):
@@ -66,16 +70,21 @@ def load_model(path, s, ctx):
     """The network --save-model PATH wrote, as a SymbolBlock on ctx, after checking that `s` is what it was built
     for (PATH-settings.json)."""
     for name in (path + suffix for suffix in MODEL_FILES):
-        if not os.path.isfile(name):
+        if not os.path.isfile(files.regular_input(name)):
             raise InputError(f"--model {path}: no {name} (python -m rn50_mx.train --save-model {path} writes it)")
     recorded = read_json(path + "-settings.json")
     problem = settings_problem(recorded, s) if isinstance(recorded, dict) else "not a settings object"
     if problem:
         raise InputError(f"--model {path}: {problem} (its -settings.json)")
+    symbol = path + "-symbol.json"
+    try:  # parsed alone first, so that a refusal names the file at fault
+        mx.sym.load(symbol)
+    except mx.base.MXNetError as err:
+        raise InputError(f"--model {path}: {symbol} is not a network MXNet can load ({first_line(err)})") from None
     try:
         with warnings.catch_warnings():  # imports() cannot infer the input's type before the first batch; it is fine
             warnings.simplefilter("ignore", UserWarning)
-            return mx.gluon.SymbolBlock.imports(path + "-symbol.json", ["data"], path + "-0000.params", ctx=ctx)
+            return mx.gluon.SymbolBlock.imports(symbol, ["data"], path + "-0000.params", ctx=ctx)
     except (mx.base.MXNetError, ValueError, AssertionError) as err:
-        raise InputError(f"--model {path}: cannot load ({first_line(err)})") from None
+        raise InputError(f"--model {path}: cannot load its parameters with its network ({first_line(err)})") from None
 

@@ -11,7 +11,7 @@ from PIL import Image, UnidentifiedImageError
 
 from .. import prep_rec
 from ..errors import InputError
-from ..files import write_atomically
+from ..files import regular_input, write_atomically
 
 # --- files ----------------------------------------------------------------------------------------------
 
@@ -31,15 +31,16 @@ def data_paths(settings, train):
 
 
 def readable(rec, idx):
-    """(rec, idx) after reading a byte of each: a missing or empty file is one line naming it."""
+    """(rec, idx) after reading a byte of each: a missing, empty or special file (files.regular_input) is one line
+    naming it."""
     try:
-        with open(rec, "rb") as f:
+        with open(regular_input(rec), "rb") as f:
             if not f.read(1):
                 raise InputError(f"{rec}: empty file")
     except OSError as err:
         raise InputError(f"{rec}: cannot read ({err.strerror})") from None
     try:
-        with open(idx, "rb") as f:
+        with open(regular_input(idx), "rb") as f:
             if not f.read(1):
                 raise InputError(f"{idx}: empty index: it lists no record of {rec}")
     except FileNotFoundError:

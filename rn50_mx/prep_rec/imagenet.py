@@ -16,7 +16,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import InputError
-from ..files import os_error, owned, read_bytes, refuse_existing
+from ..files import os_error, owned, read_bytes, refuse_existing, regular_input
 from ..mlperf_rules import IMAGENET_CLASSES
 from . import layouts, tars
 from .folders import IM2REC_SEED, shuffled
@@ -50,7 +50,7 @@ def check(found, src, expected_classes):
 
 def check_md5(src, progress):
     """Each official archive's MD5, read in parallel: an InputError naming the first that differs."""
-    paths = [os.path.join(src, name) for name in MD5]
+    paths = [regular_input(os.path.join(src, name)) for name in MD5]
     with progress_bar(sum(map(os.path.getsize, paths)), "md5", progress, unit="B") as bar:
         lock = threading.Lock()
 

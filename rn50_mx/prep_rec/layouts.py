@@ -25,7 +25,7 @@ from typing import Optional
 import scipy.io
 
 from ..errors import InputError
-from ..files import read_bytes
+from ..files import read_bytes, regular_input
 from . import tars
 from .folders import image_entries, image_files, list_classes, size_of
 from .records import progress_bar
@@ -142,7 +142,7 @@ def label_by_kaggle_csv(path):
     the WNID."""
     labels = {}
     try:
-        with open(path, newline="", encoding="utf-8-sig") as f:  # Excel and others write a byte-order mark
+        with open(regular_input(path), newline="", encoding="utf-8-sig") as f:  # Excel and others write a byte-order mark
             rows = list(csv.reader(f))
     except (OSError, UnicodeDecodeError, csv.Error) as err:
         raise InputError(f"{path}: cannot read as CSV ({err})") from None

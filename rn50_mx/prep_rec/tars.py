@@ -11,6 +11,7 @@ import tarfile
 from collections import Counter, namedtuple
 
 from ..errors import InputError
+from ..files import regular_input
 
 Member = namedtuple("Member", "name offset size")  # offset: of the member's data, from the start of the file
 SMALL_FILE_LIMIT = 64 << 20  # the devkit's meta.mat is about 2.5 MB, its ground truth 0.3 MB
@@ -86,7 +87,7 @@ def class_members(path, outer):
 def open_archive(path):
     """A read-only descriptor of `path` and its size, or an InputError naming it."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(regular_input(path), os.O_RDONLY)
     except OSError as err:
         raise InputError(f"{path}: cannot read ({err.strerror})") from None
     return fd, os.fstat(fd).st_size

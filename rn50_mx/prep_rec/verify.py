@@ -11,6 +11,7 @@ import mxnet as mx
 from mxnet.base import _LIB, MXNetError, check_call
 
 from ..errors import InputError
+from ..files import regular_input
 from .images import decode_problem
 from .records import Summary, ordered_map, progress_bar, text_lines
 
@@ -91,7 +92,7 @@ def verify(prefix, *, num_classes=None, workers=1, progress=None):
     start = time.time()
     rec_path = prefix + ".rec"
     entries, bad = read_idx(prefix + ".idx")
-    if not os.path.isfile(rec_path):
+    if not os.path.isfile(regular_input(rec_path)):
         raise InputError(f"{rec_path}: no such file")
     labels, spans = set(), []
     results = ordered_map(partial(check_payload, num_classes), records_at(rec_path, entries), workers)

@@ -34,6 +34,13 @@ __all__ = ["BENCHMARK", "DEFAULT_MAX_BATCH", "DEFAULT_RULESET", "PRUNED", "PUBLI
            "whole_epochs", "write_config"]
 
 DEFAULT_MAX_BATCH = 408  # the per-GPU batch of the NF5688M6 submission (A100-80GB)
+# The ranges of the machine's numbers: what a cluster, a node, a GPU and a fabric can have, with room for hardware to
+# come (an H100 trains ResNet-50 at about 7,000 img/s, a node's fabric is 8 x 400 Gb/s). A value outside is a typo or
+# a unit slip: the predicted minutes and WALLTIME would be inf, NaN or hundreds of digits.
+BOUNDS = {"nodes": (1, 10_000, "nodes"), "gpus_per_node": (1, 64, "GPUs"),
+          "max_batch_per_gpu": (1, config.MAX_BATCH, "images"), "cores_per_node": (1, 4096, "cores"),
+          "gpu_memory": (1, 1024, "GiB"), "img_per_sec_per_gpu": (1, 100_000, "images/s"),
+          "node_gbps": (1, 100_000, "Gb/s")}
 
 
 # --- command line ---------------------------------------------------------------------------------------------
@@ -69,19 +76,18 @@ def parse_args(argv=None):
                              "config/<NAME>_open.sh")
     args = parser.parse_args(argv)
     args.predict = node_counts(args.predict)
+    if args.nodes is not None and args.predict:
+        raise InputError(f"--nodes {args.nodes} with --predict {','.join(map(str, args.predict))}: --predict's list "
+                         "gives the node counts; give one of the two")
     if args.nodes is None:
         if not args.predict:
             raise InputError("--nodes: required (or --predict NODES,NODES,...)")
         args.nodes = args.predict[0]
-    for flag in ("nodes", "gpus_per_node", "max_batch_per_gpu", "cores_per_node"):
-        if getattr(args, flag) < 1:
-            raise InputError(f"{config.flag_name(flag)}={getattr(args, flag)}: must be >= 1")
-    if args.gpu_memory is not None and not 0 < args.gpu_memory < float("inf"):
-        raise InputError(f"--gpu-memory={args.gpu_memory}: must be a number of GiB > 0")
-    if args.img_per_sec_per_gpu is not None and not 0 < args.img_per_sec_per_gpu < float("inf"):
-        raise InputError(f"--img-per-sec-per-gpu={args.img_per_sec_per_gpu}: must be a number > 0")
-    if args.node_gbps is not None and not 0 < args.node_gbps < float("inf"):
-        raise InputError(f"--node-gbps={args.node_gbps}: must be a number of Gb/s > 0")
+    for name, (least, most, unit) in BOUNDS.items():
+        value = getattr(args, name)
+        if value is not None and not least <= value <= most:
+            shown = value if isinstance(value, int) else f"{value:g}"
+            raise InputError(f"{config.flag_name(name)}={shown}: must be {least:,} to {most:,} {unit}")
     if args.system is not None and not re.fullmatch(config.SYSTEM_NAME, args.system):
         raise InputError(f"--system {args.system!r}: a config name is letters, digits, '.', '_' and '-' (it names "
                          "config/<NAME>.sh and the launchers' DGXSYSTEM)")
@@ -101,8 +107,10 @@ def node_counts(text):
         counts = [int(part) for part in text.split(",")]
     except ValueError:
         counts = []
-    if not counts or min(counts) < 1 or len(counts) > 64:
-        raise InputError(f"--predict {text!r}: a comma-separated list of 1 to 64 node counts >= 1, e.g. 1,2,4,8")
+    least, most, _ = BOUNDS["nodes"]
+    if not counts or not least <= min(counts) <= max(counts) <= most or len(counts) > 64:
+        raise InputError(f"--predict {text!r}: a comma-separated list of 1 to 64 node counts, each {least} to "
+                         f"{most:,}, e.g. 1,2,4,8")
     return sorted(set(counts))
 
 

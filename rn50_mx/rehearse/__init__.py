@@ -63,11 +63,9 @@ def rehearse(s, ranks, work, quick=False, own_data=False):
     the settings' data files; a stage whose input an earlier one failed to make is not run."""
     rows = [Row("config", True, f"{s.dgxsystem or 'sourced'}: {s.device} {s.input_layout} {s.dtype}, "
                 f"{s.optimizer}, batch {s.batch_size} x {s.world_size}")]
-    if s.device != "gpu":
-        raise InputError(f"DEVICE={s.device}: not a GPU config; a CPU config's path is what make test runs")
     data = {"train": s.data_train, "val": s.data_val} if own_data else None
     if data is None:  # DATADIR's ImageNet is not read: each shrunk eval would read its whole val split
-        data = planning.generated_records(os.path.join(work, "data"))
+        data = planning.generated_records(os.path.join(work, "data"), s.num_classes)
     plan = planning.shrink(s, ranks, data)
     rows += [Row("shrunk", None, line) for line in plan.shrunk]
     reference = attempt(rows, "train", stages.train, plan, work)
@@ -98,6 +96,8 @@ def main():
     children.stop_on_sigterm()
     args, flags = parse_args(sys.argv[1:])
     s = config.load(flags, prog="rn50_mx.rehearse")
+    if s.device != "gpu":  # before --work is made
+        raise InputError(f"DEVICE={s.device}: not a GPU config; a CPU config's path is what make test runs")
     stages.horovodrun(args.ranks)  # every stage's ranks run under it: one line before any work
     tic = time.time()
     if args.work:

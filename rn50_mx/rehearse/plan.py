@@ -9,14 +9,19 @@ import os
 import numpy as np
 from PIL import Image
 
-from .. import config
+from .. import config, files
+from ..errors import InputError
 from ..prep_rec.folders import pack_train_val
 
 SIDE = 64  # pixels of the shrunk training crop: every stage of ResNet-50 still has a 2x2 map
 BATCH = 4  # images per rank per step
 STEPS = 3  # steps per epoch
 MIN_EPOCHS = 3  # a stop asked at step 1 lands by step 8 or an update later (checkpoint.stops): epoch 2 or 3
-CLASSES, TRAIN_PER_CLASS, VAL_PER_CLASS = 4, 8, 4
+CLASSES, TRAIN_IMAGES, VAL_IMAGES = 4, 32, 16  # generated: at most CLASSES classes (fewer when the config has fewer)
+
+
+class Limit(InputError):
+    """A config the plan cannot shrink: the rehearsal's limit, not the config's fault."""
 
 
 @dataclasses.dataclass
@@ -27,9 +32,20 @@ class Plan:
     ranks: int
 
 
-def scaled(side, factor, step=1):
-    """A pixel setting scaled with the training side, kept a positive multiple of `step`; 0 (off) stays 0."""
-    return side and max(step, int(round(side * factor / step)) * step)
+def scaled(side, factor, step=1, least=1):
+    """A pixel setting scaled with the training side, kept a positive multiple of `step` and at least `least` (what
+    the settings allow); 0 (off) stays 0."""
+    return side and max(step, least, int(round(side * factor / step)) * step)
+
+
+def scaled_schedule(s, epochs):
+    """--batch-schedule's points moved into the shrunk run of `epochs` epochs as the progressive ramp is: the config's
+    epochs 0..last onto 0..epochs-1, in proportion. Points that land on one epoch keep the later one's factor (the
+    one the config's run reaches last), so every factor change that fits is rehearsed."""
+    points = {}
+    for epoch, factor in s.batch_points:
+        points[round(epoch * (epochs - 1) / max(1, s.epoch_limit - 1))] = factor
+    return ",".join(f"{epoch}:{factor}" for epoch, factor in points.items())
 
 
 def first_eval_from(s, epoch):
@@ -47,17 +63,25 @@ def shrink(s, ranks, data):
                  batch_size=BATCH, num_examples=ranks * BATCH * STEPS, num_epochs=epochs, max_epochs=0,
                  warmup_epochs=min(s.warmup_epochs, 1), accuracy_threshold=1.0, dgxnnodes=1, dgxngpu=ranks,
                  kv_store="horovod", dali_threads=1, dali_prefetch_queue=2, seed=1, disp_batches=1,
-                 val_crop=scaled(s.val_crop, factor), prog_start_side=scaled(s.prog_start_side, factor, 16),
-                 prog_step=16 if s.prog_start_side else s.prog_step, ema_every=min(s.ema_every, STEPS))
+                 val_crop=scaled(s.val_crop, factor, least=config.MIN_IMAGE_SIDE),
+                 prog_start_side=scaled(s.prog_start_side, factor, 16, config.MIN_PROG_SIDE),
+                 prog_step=16 if s.prog_start_side else s.prog_step, ema_every=min(s.ema_every, STEPS),
+                 batch_schedule=scaled_schedule(s, epochs))
     if s.prog_start_side:  # the ramp inside the shrunk run: the first epoch at the start side, the last at H,W
         flags.update(prog_start_epoch=0, prog_end_epoch=epochs - 1)
+    try:
+        config.validate(s.replace(**flags))
+    except config.SettingsError as err:
+        raise Limit(f"the rehearsal cannot shrink this config ({err}): a limit of its plan (rn50_mx/rehearse/plan.py), "
+                    "not a fault of the config, which python -m rn50_mx.check judges") from None
     shrunk = [f"images {h} -> {SIDE} px (val crop, progressive sides alike), batch {s.batch_size} -> {BATCH} a rank, "
               f"{STEPS} steps an epoch, {s.epoch_limit} -> {epochs} epochs (evals kept on their schedule), warmup "
               f"{s.warmup_epochs:g} -> {flags['warmup_epochs']:g}, no target (top-1 1.0)",
               f"{s.world_size} ranks ({s.dgxnnodes} x {s.dgxngpu}) -> {ranks} on this machine, Gloo in place of NCCL",
               f"DALI threads {s.dali_threads} -> 1, queue {s.dali_prefetch_queue} -> 2"
               + (f", weight EMA every {s.ema_every} -> {flags['ema_every']} steps" if s.ema_decay else "")
-              + (", progressive ramp over the shrunk epochs" if s.prog_start_side else "")]
+              + (", progressive ramp over the shrunk epochs" if s.prog_start_side else "")
+              + (f", batch schedule {s.batch_schedule} -> {flags['batch_schedule']}" if s.batch_schedule else "")]
     return Plan(flags, shrunk, ranks)
 
 
@@ -76,18 +100,24 @@ def code_path(s, plan):
     return tuple((name, getattr(shrunk, name)) for name in sorted(config.FIELDS) if name not in VALUES_ONLY)
 
 
-def generated_records(folder, seed=0):
-    """{"train": rec, "val": rec} of CLASSES classes of small JPEGs made here: each class a colour and stripes of
-    its own under noise, of sizes that make the random crops and the val resize work."""
+def generated_records(folder, num_classes=CLASSES, seed=0):
+    """{"train": rec, "val": rec} of small JPEGs made here, TRAIN_IMAGES and VAL_IMAGES (or a few more) in CLASSES
+    classes, or the config's `num_classes` when fewer (a label is a class number below it): each class a colour and
+    stripes of its own under noise, of sizes that make the random crops and the val resize work. A disk that cannot
+    take them is one line."""
     rng = np.random.RandomState(seed)
     raw = os.path.join(folder, "jpegs")
-    for split, per_class in (("train", TRAIN_PER_CLASS), ("val", VAL_PER_CLASS)):
-        for k in range(CLASSES):
-            os.makedirs(os.path.join(raw, split, f"class{k}"), exist_ok=True)
-            for i in range(per_class):
-                h, w = rng.randint(SIDE + 8, 2 * SIDE, size=2)
-                stripes = (np.arange(w) // (k + 2) % 2)[None, :, None] * 60
-                pixels = np.clip(rng.normal(90 + 40 * k, 30, (h, w, 3)) + stripes, 0, 255).astype(np.uint8)
-                Image.fromarray(pixels).save(os.path.join(raw, split, f"class{k}", f"{i}.jpg"), quality=90)
+    classes = min(CLASSES, num_classes)
+    try:
+        for split, images in (("train", TRAIN_IMAGES), ("val", VAL_IMAGES)):
+            for k in range(classes):
+                os.makedirs(os.path.join(raw, split, f"class{k}"), exist_ok=True)
+                for i in range(-(-images // classes)):
+                    h, w = rng.randint(SIDE + 8, 2 * SIDE, size=2)
+                    stripes = (np.arange(w) // (k + 2) % 2)[None, :, None] * 60
+                    pixels = np.clip(rng.normal(90 + 40 * k, 30, (h, w, 3)) + stripes, 0, 255).astype(np.uint8)
+                    Image.fromarray(pixels).save(os.path.join(raw, split, f"class{k}", f"{i}.jpg"), quality=90)
+    except OSError as err:  # a full or read-only disk
+        raise files.os_error(raw, err, "write the rehearsal's generated images") from None
     pack_train_val(raw, folder, force=True)
     return {split: os.path.join(folder, f"{split}.rec") for split in ("train", "val")}

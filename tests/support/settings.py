@@ -26,3 +26,8 @@ OPEN = dict(num_classes=3, image_shape="3,32,32", batch_size=4, dali_threads=1, 
 def open_settings(three_classes, **changes):
     return Settings(data_train=os.path.join(three_classes, "train.rec"),
                     data_val=os.path.join(three_classes, "val.rec"), **dict(OPEN, **changes))
+
+
+# The run conftest's stopped_checkpoints stops after its first epoch: synthetic, seconds; a resume gives the same flags.
+STOPPED_RUN = ["--synthetic", "1", "--num-examples", "8", "--batch-size", "4", "--num-epochs", "2", "--warmup-epochs",
+               "0", "--eval-offset", "0", "--image-shape", "3,32,32", "--num-classes", "3", "--accuracy-threshold", "1.0"]
