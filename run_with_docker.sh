@@ -74,16 +74,20 @@ check_container() {
 
 if [[ -n "${CONT:-}" ]]; then
     check_container
-    # The containers run as the launching user, so that what they write (checkpoints, plots) is that user's.
-    DOCKER_RUN=(docker run --rm --init --user "$(id -u):$(id -g)")
-    if [[ "${DEVICE:-cpu}" == gpu ]]; then
-        DOCKER_RUN+=(--gpus all)
-    else
-        echo "${LAUNCHER}: DEVICE=${DEVICE:-cpu}: the containers get no GPU (no --gpus all)"
+    # The containers run as the launching user, so that what they write (checkpoints, plots, configs) is that user's,
+    # with a HOME that user can write (horovodrun keeps a cache there; the image's passwd may not know the user).
+    # A CPU config gets no GPU, nor the unlimited locked memory that the GPU's pinned buffers need (an engine without
+    # CAP_SYS_RESOURCE cannot grant it).
+    DOCKER_RUN=(docker run --rm --init --user "$(id -u):$(id -g)" --env HOME=/tmp)
+    gpu_flags=(--gpus all)
+    gpu_limits=(--ulimit memlock=-1)
+    if [[ "${DEVICE:-cpu}" != gpu ]]; then
+        echo "${LAUNCHER}: DEVICE=${DEVICE:-cpu}: the containers get no GPU (no --gpus all, no --ulimit memlock=-1)"
+        gpu_flags=() gpu_limits=()
     fi
     DOCKER_RUN+=(
-        --net=host --uts=host --ipc=host --security-opt seccomp=unconfined
-        --ulimit stack=67108864 --ulimit memlock=-1 -v "${DATADIR}:/data" -v "${LOGDIR}:/results"
+        "${gpu_flags[@]}" --net=host --uts=host --ipc=host --security-opt seccomp=unconfined
+        --ulimit stack=67108864 "${gpu_limits[@]}" -v "${DATADIR}:/data" -v "${LOGDIR}:/results"
     )
     # The variables handed on (see DGXSYSTEM above) and the launcher's own. What rn50_mx reads is asked of the
     # image: the host may not have the package.
