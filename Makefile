@@ -42,7 +42,7 @@ HOROVOD_KEY := $(shell { echo '$(HOROVOD_BUILD_ENV)'; grep -E '^(horovod|mxnet)=
 	sha256sum | cut -c1-16)
 HOROVOD_WHEEL_DIR := $(CACHE)/horovod-$(HOROVOD_KEY)
 
-.PHONY: venv test demo image-cpu clean
+.PHONY: venv test demo image-cpu cpu-base-key clean
 
 venv: $(VENV)/.horovod $(SYSTEM_PACKAGES)
 
@@ -59,7 +59,8 @@ $(VENV)/.base: setup.py constraints.txt
 # 5 minutes, once per machine and set of inputs: another clone's .venv and the CPU image's base install the same
 # wheel). It needs Open MPI's compiler wrapper (a Debian package below). Written under a temporary name, renamed
 # when whole. A wheel built from other inputs is another folder: the installed Horovod is replaced by it.
-$(HOROVOD_WHEEL_DIR): | $(VENV)/.base /usr/bin/mpicxx
+$(HOROVOD_WHEEL_DIR): | /usr/bin/mpicxx
+	$(MAKE) --no-print-directory $(VENV)/.base  # here, not a prerequisite: a clone finding the wheel needs no .venv
 	rm -rf $@.tmp
 	$(HOROVOD_BUILD_ENV) $(PY) -m pip wheel -q -c constraints.txt --no-deps --no-build-isolation --no-cache-dir \
 	  -w $@.tmp horovod
@@ -118,6 +119,10 @@ $(CPU_BASE_TAR): | $(HOROVOD_WHEEL_DIR) /usr/bin/mmdebstrap
 	rm -f $(CACHE)/cpu-base-*.tar  # the bases of other inputs, and a build cut short
 	mmdebstrap --quiet --variant=minbase --include=$(CPU_BASE_PACKAGES) $(CPU_BASE_HOOKS) bookworm $@.tmp.tar
 	mv $@.tmp.tar $@
+
+# The base's hash (tests/support/engine.py names its saved image by it and the Dockerfile's context).
+cpu-base-key:
+	@echo $(CPU_BASE_KEY)
 
 image-cpu: $(CPU_BASE_TAR) /usr/sbin/dockerd
 	@$(DOCKER) version >/dev/null || { echo "make image-cpu: no Docker engine answers (DOCKER_HOST=$${DOCKER_HOST:-unset}): start dockerd first" >&2; exit 1; }

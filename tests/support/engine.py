@@ -5,8 +5,8 @@ used or touched. Its storage driver is overlay2 where the kernel has overlayfs (
 vfs (each layer a full copy).
 
 The image is built once a run with `make image-cpu` and kept in CACHE as `docker save` output named by the hash of
-everything the build reads (the Dockerfile, what .dockerignore lets into the context, the Makefile's base recipe and
-constraints.txt); a later run whose inputs hash the same loads it instead of building.
+everything the build reads (the Dockerfile, what .dockerignore lets into the context, and the base: the Makefile's
+hash of its inputs); a later run whose inputs hash the same loads it instead of building.
 """
 import hashlib
 import os
@@ -21,8 +21,7 @@ DOCKERD, DOCKER = "/usr/sbin/dockerd", "/usr/bin/docker"  # Debian's docker.io: 
 IMAGE = "rn50-mx:cpu"
 CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "rn50-mx")
 # What the image is built from: the Dockerfile's context (.dockerignore's list) and the recipe of its base.
-INPUTS = ("Dockerfile", ".dockerignore", "Makefile", "setup.py", "constraints.txt", "rn50_mx", "run_and_time.sh",
-          "config")
+INPUTS = ("Dockerfile", ".dockerignore", "setup.py", "constraints.txt", "rn50_mx", "run_and_time.sh", "config")
 
 
 def why_no_engine():
@@ -88,8 +87,11 @@ class Engine:
 
 
 def inputs_key():
-    """The hash of every file the image is built from (path and bytes)."""
-    digest = hashlib.sha256()
+    """The hash of every file the image is built from (path and bytes) and of its base (the Makefile's hash of the
+    base's inputs)."""
+    base = subprocess.run(["make", "-s", "--no-print-directory", "-C", ROOT, "cpu-base-key"], capture_output=True,
+                          text=True, check=True).stdout
+    digest = hashlib.sha256(base.encode())
     for top in INPUTS:
         paths = [top] if os.path.isfile(os.path.join(ROOT, top)) else sorted(
             os.path.relpath(os.path.join(folder, name), ROOT)
