@@ -20,7 +20,7 @@ import pytest
 from tests.support import engine as engine_support
 from tests.support.mllog import mllog
 from tests.support.procs import ROOT, files_in
-from tests.support.settings import TINY_KEEP_CACHES
+from tests.support.settings import TINY, TINY_KEEP_CACHES
 
 NOBODY = 65534
 IMAGE = engine_support.IMAGE
@@ -127,12 +127,14 @@ def containers_started(engine, since):
 
 @pytest.mark.slow
 def test_trials_run_in_fresh_containers_with_the_settings_and_the_data_mounted(engine, three_classes, home):
-    """Two trials of config/CPU.sh shrunk to seconds: each in a container of its own with its own seed, END_LR
-    (exported by hand, not in the config) reaching training, the data read at /data, the summary run in the image
-    on /results; a CPU config gets no GPU and says so."""
+    """Two trials of config/CPU.sh shrunk to seconds: each in a container of its own with seed SEED+i-1 (the seed
+    checker refuses repeats), END_LR (exported by hand, not in the config) reaching training, the data read at /data,
+    cache_clear logged as the page-cache drop went (nobody may not drop it), the summary run in the image on /results;
+    a CPU config gets no GPU and says so. (This replaces the bare launcher's two-trial test: the trial loop is the
+    same, trials.sh; the bare trial runs in test_make_demos_config_trains_in_float32_on_a_cpu_without_bfloat16.)"""
     logs = logdir(home)
-    env = {**TINY_KEEP_CACHES, "NUM_CLASSES": "3", "DATADIR": data(three_classes, home), "LOGDIR": str(logs), "NEXP": "2",
-           "DATESTAMP": "c", "END_LR": "0.0002"}
+    env = {**TINY, "NUM_CLASSES": "3", "DATADIR": data(three_classes, home), "LOGDIR": str(logs), "NEXP": "2",
+           "SEED": "7", "DATESTAMP": "c", "END_LR": "0.0002"}
     since = time.time()
     status, out = finished(launch(env, home, engine), home)
     assert status == 0, out[-4000:]
@@ -140,14 +142,18 @@ def test_trials_run_in_fresh_containers_with_the_settings_and_the_data_mounted(e
                                    "no --ulimit memlock=-1)")
     # the env-names query, the settings check, two trials, the summary
     assert containers_started(engine, since) == [IMAGE] * 5
-    seeds = [mllog(logs / f"c_{i}.log", "seed") for i in (1, 2)]
-    assert len(seeds[0]) == 1 and seeds[0] != seeds[1], seeds
     for i in (1, 2):
-        text = (logs / f"c_{i}.log").read_text()
+        path = logs / f"c_{i}.log"
+        text = path.read_text()
+        assert text.startswith(f"Beginning trial {i} of 2\n")
+        assert mllog(path, "seed") == [6 + i]
+        assert mllog(path, "cache_clear") == ["Cleared the page cache" in text]
+        assert mllog(path, "submission_platform") == ["1xCPU"]
         assert re.search(r"^--end-lr +0\.0002 +END_LR$", text, re.M), text[:3000]
         assert "data: found /data/train.rec and its .idx, /data/val.rec and its .idx" in text
         assert re.search(r"^RESULT,IMAGE_CLASSIFICATION,,\d+,", text, re.M)
     assert re.search(r"^c_1\.log +closed .* success ", out, re.M) and re.search(r"^c_2\.log +closed ", out, re.M)
+    assert "no score: ResNet-50 is scored on exactly 5 runs, got 2" in out
     assert set(owners(logs).values()) == {NOBODY}
 
 
@@ -158,7 +164,7 @@ def test_sigterm_reaches_training_in_the_container_and_the_next_launch_resumes_i
     resumes from that checkpoint and ends with run_stop success."""
     logs = logdir(home)
     env = {**TINY_KEEP_CACHES, "NUM_CLASSES": "3", "DATADIR": data(three_classes, home), "LOGDIR": str(logs), "NEXP": "1",
-           "SEED": "7", "DATESTAMP": "s", "NUMEPOCHS": "3", "EVAL_PERIOD": "3", "EVAL_OFFSET": "2",
+           "SEED": "7", "DATESTAMP": "s", "NUMEPOCHS": "3", "EVAL_PERIOD": "3", "EVAL_OFFSET": "2", "DISP_BATCHES": "1",
            "RN50_CHECKPOINT_DIR": "/results/ckpt"}
     proc = launch(env, home, engine)
     deadline = time.time() + 600
