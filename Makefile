@@ -37,9 +37,9 @@ HOROVOD_BUILD_ENV := HOROVOD_WITH_MXNET=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1
 CACHE     ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/rn50-mx
 # Horovod's inputs: its build flags, the pins of Horovod and the MXNet it compiles against, the Python and the Debian
 # release (its Open MPI and compiler).
-HOROVOD_KEY := $(shell { echo '$(HOROVOD_BUILD_ENV)'; grep -E '^(horovod|mxnet)==' constraints.txt; \
-	$(VENV_PYTHON) -c 'import sys; print(sys.version_info[:2])'; cat /etc/debian_version; uname -m; } 2>/dev/null | \
-	sha256sum | cut -c1-16)
+HOROVOD_KEY := $(shell { { echo '$(HOROVOD_BUILD_ENV)'; grep -E '^(horovod|mxnet)==' constraints.txt; \
+	$(VENV_PYTHON) -c 'import sys; print(sys.version_info[:2])'; cat /etc/debian_version; uname -m; } | \
+	sha256sum | cut -c1-16; } 2>/dev/null)
 HOROVOD_WHEEL_DIR := $(CACHE)/horovod-$(HOROVOD_KEY)
 
 .PHONY: venv test demo image-cpu cpu-base-key clean
@@ -110,8 +110,8 @@ CPU_BASE_HOOKS := --customize-hook='chroot "$$1" python3.11 -m venv /opt/venv' \
 	--customize-hook='rm -rf "$$1/tmp/base" "$$1"/var/lib/apt/lists/*'
 CPU_BASE_ENV := --change 'ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
 	--change 'ENV PIP_CERT=$(CPU_BASE_CERTS)'
-CPU_BASE_KEY := $(shell { echo '$(subst ','\'',$(HOROVOD_KEY) $(CPU_BASE_PACKAGES) $(CPU_BASE_HOOKS) $(CPU_BASE_ENV))'; \
-	cat constraints.txt $(CPU_BASE_CERTS); } | sha256sum | cut -c1-16)
+CPU_BASE_KEY := $(shell { { echo '$(subst ','\'',$(HOROVOD_KEY) $(CPU_BASE_PACKAGES) $(CPU_BASE_HOOKS) $(CPU_BASE_ENV))'; \
+	cat constraints.txt $(CPU_BASE_CERTS); } | sha256sum | cut -c1-16; } 2>/dev/null)
 CPU_BASE  := rn50-mx-cpu-base:$(CPU_BASE_KEY)
 CPU_BASE_TAR := $(CACHE)/cpu-base-$(CPU_BASE_KEY).tar
 
