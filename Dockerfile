@@ -1,6 +1,9 @@
 # rn50-mx in NVIDIA's MXNet container. The base image brings MXNet, Horovod (MPI and NCCL), OpenMPI and CUDA; this
 # adds a newer DALI, the rn50_mx package, mlperf-logging and the launch scripts.
 #   docker build -t rn50-mx .    then    CONT=rn50-mx ./run_with_docker.sh   (README)
+# The CPU image, on a base made from Debian's packages that brings what NVIDIA's does for the CPU (bookworm's Python
+# 3.11 in /opt/venv, MXNet 1.9.1, numpy, Horovod with Gloo and Open MPI): `make image-cpu` (docs/container.md) runs
+#   docker build --build-arg FROM_IMAGE_NAME=<that base> --build-arg IMAGE_PYTHON=3.11 --build-arg EXPECT_GPU= ...
 #
 # Base: NGC MXNet 24.04-py3, the image of NVIDIA's MLPerf Training v4.0 ResNet-50 results on H100 and H200
 # (training_results_v4.0 NVIDIA/benchmarks/resnet/implementations/eos_ngc24.04_mxnet/Dockerfile). NVIDIA's release
@@ -35,11 +38,13 @@ COPY config/ config/
 # NCCL, DALI older than 1.44 or without the dynamic executor, a module of rn50_mx that does not import (a missing
 # package, or one that needs a newer Python than the image's). No GPU is needed: it reads versions and build
 # features, and lists the GPU architectures libmxnet.so has kernels for (cuobjdump). The CUDA compat library
-# stands in for the driver that `docker build` does not have. CHECK_STACK=0 skips it (say why in an issue).
+# stands in for the driver that `docker build` does not have. CHECK_STACK=0 skips it (say why in an issue). On the
+# CPU base, EXPECT_GPU is empty: the same check in its CPU form (the stack table, every module imports).
 ARG CHECK_STACK=1
+ARG EXPECT_GPU=--expect-gpu
 RUN if [ "$CHECK_STACK" = 1 ]; then \
       LD_LIBRARY_PATH="/usr/local/cuda/compat/lib:${LD_LIBRARY_PATH:-}" \
-        python -m rn50_mx.selftest --stack-only --expect-gpu; \
+        python -m rn50_mx.selftest --stack-only ${EXPECT_GPU}; \
     fi
 
 # The runtime settings of the reference's image (the v1.0 submission's Dockerfile). Dropped: MXNET_USE_TENSORRT=0

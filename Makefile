@@ -1,5 +1,6 @@
 # make demo : create .venv (once), pack the embedded Fashion-MNIST default and train ResNet-50 on it to 75.9%.
 # make test : create .venv (once), run the whole test suite.
+# make image-cpu : the CPU image rn50-mx:cpu from ./Dockerfile, built by the engine DOCKER_HOST names (docs/container.md).
 # .venv holds the CPU stack (MXNet 1.9.1, DALI CPU operators, mlperf-logging) and Horovod compiled against that
 # MXNet with Gloo and with Debian's Open MPI (ranks that srun starts meet through MPI over PMIx, as the NGC image's
 # do). A second run reuses it; Horovod is rebuilt only if it is missing or its build flags changed.
@@ -25,12 +26,23 @@ NEXP      ?= 1
 # tests share their module fixtures and run in order; the Slurm tests' daemons stay in one process.
 TEST_WORKERS ?= 2
 SYSTEM_PACKAGES := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz /usr/bin/shellcheck \
-	/usr/sbin/slurmctld /usr/sbin/munged /usr/lib/x86_64-linux-gnu/libpmix.so /usr/bin/mpicxx
-DEBIAN_PACKAGES := dataset-fashion-mnist shellcheck slurm-wlm munge libpmix-dev openmpi-bin libopenmpi-dev
+	/usr/sbin/slurmctld /usr/sbin/munged /usr/lib/x86_64-linux-gnu/libpmix.so /usr/bin/mpicxx /usr/sbin/dockerd \
+	/usr/bin/mmdebstrap
+DEBIAN_PACKAGES := dataset-fashion-mnist shellcheck slurm-wlm munge libpmix-dev openmpi-bin libopenmpi-dev docker.io \
+	mmdebstrap
 HOROVOD_BUILD_ENV := HOROVOD_WITH_MXNET=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
 	HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 CMAKE_POLICY_VERSION_MINIMUM=3.5
+# Built once per machine, outside the clone: Horovod's wheel (a fresh clone's .venv and the CPU image install it) and
+# the CPU image's base, each in a folder named by the hash of what it is built from.
+CACHE     ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/rn50-mx
+# Horovod's inputs: its build flags, the pins of Horovod and the MXNet it compiles against, the Python and the Debian
+# release (its Open MPI and compiler).
+HOROVOD_KEY := $(shell { { echo '$(HOROVOD_BUILD_ENV)'; grep -E '^(horovod|mxnet)==' constraints.txt; \
+	$(VENV_PYTHON) -c 'import sys; print(sys.version_info[:2])'; cat /etc/debian_version; uname -m; } | \
+	sha256sum | cut -c1-16; } 2>/dev/null)
+HOROVOD_WHEEL_DIR := $(CACHE)/horovod-$(HOROVOD_KEY)
 
-.PHONY: venv test demo clean FORCE
+.PHONY: venv test demo image-cpu cpu-base-key clean
 
 venv: $(VENV)/.horovod $(SYSTEM_PACKAGES)
 
@@ -43,16 +55,20 @@ $(VENV)/.base: setup.py constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e ".[cpu,test]"
 	touch $@
 
-# Stage 2: Horovod compiled against the MXNet of stage 1, with Gloo and MPI (about 5 minutes; pip skips it when
-# the pinned version is already there). It needs Open MPI's compiler wrapper (a Debian package below). The flags
-# are kept in .horovod-flags, rewritten only when they change: then the installed Horovod is removed and rebuilt.
-$(VENV)/.horovod-flags: FORCE
-	@mkdir -p $(VENV)
-	@echo '$(HOROVOD_BUILD_ENV)' | cmp -s - $@ || echo '$(HOROVOD_BUILD_ENV)' > $@
+# Stage 2: Horovod compiled against the MXNet of stage 1, with Gloo and MPI, as a wheel in HOROVOD_WHEEL_DIR (about
+# 5 minutes, once per machine and set of inputs: another clone's .venv and the CPU image's base install the same
+# wheel). It needs Open MPI's compiler wrapper (a Debian package below). Written under a temporary name, renamed
+# when whole. A wheel built from other inputs is another folder: the installed Horovod is replaced by it.
+$(HOROVOD_WHEEL_DIR): | /usr/bin/mpicxx
+	$(MAKE) --no-print-directory $(VENV)/.base  # here, not a prerequisite: a clone finding the wheel needs no .venv
+	rm -rf $@.tmp
+	$(HOROVOD_BUILD_ENV) $(PY) -m pip wheel -q -c constraints.txt --no-deps --no-build-isolation --no-cache-dir \
+	  -w $@.tmp horovod
+	mv -T $@.tmp $@
 
-$(VENV)/.horovod: $(VENV)/.base $(VENV)/.horovod-flags /usr/bin/mpicxx
-	$(if $(filter $(VENV)/.horovod-flags,$?),$(PY) -m pip uninstall -y -q horovod)
-	$(HOROVOD_BUILD_ENV) $(PY) -m pip install -q -c constraints.txt --no-build-isolation --no-cache-dir horovod
+$(VENV)/.horovod: $(VENV)/.base $(HOROVOD_WHEEL_DIR)
+	$(PY) -m pip uninstall -y -q horovod
+	$(PY) -m pip install -q -c constraints.txt $(HOROVOD_WHEEL_DIR)/horovod-*.whl
 	$(PY) -c "import horovod.mxnet as hvd; assert hvd.gloo_built() and hvd.mpi_built()"
 	touch $@
 
@@ -76,6 +92,44 @@ demo: venv
 	source config/CPU.sh && exec $(PY) -m rn50_mx.prep_rec verify $(DATA)/val --num-classes $$NUM_CLASSES
 	source config/CPU.sh && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" DATADIR=$(DATA) LOGDIR=$(LOGDIR) NEXP=$(NEXP) \
 	  exec ./run_with_docker.sh  # the launcher stops its trial on SIGTERM
+
+# The CPU image. Its base is made here from Debian's packages (no registry is needed): bookworm's Python 3.11 in a venv
+# at /opt/venv with MXNet, numpy and the Horovod wheel above, and Open MPI, as NVIDIA's image brings them for the GPU;
+# imported into the engine as $(CPU_BASE). The Dockerfile then runs the GPU image's own steps on it, with the CPU form
+# of the stack check. The root file system is kept in CACHE, named by the hash of its inputs, so that a second clone
+# (or engine) imports it without rebuilding.
+DOCKER    ?= docker
+CPU_IMAGE ?= rn50-mx:cpu
+CPU_BASE_PACKAGES := python3.11,python3.11-venv,libopenmpi3,openmpi-bin,numactl,procps,ca-certificates,libgomp1,libquadmath0
+CPU_BASE_CERTS := /etc/ssl/certs/ca-certificates.crt
+CPU_BASE_HOOKS := --customize-hook='chroot "$$1" python3.11 -m venv /opt/venv' \
+	--customize-hook='cp $(CPU_BASE_CERTS) "$$1$(CPU_BASE_CERTS)" && mkdir "$$1/tmp/base" && \
+	  cp constraints.txt $(HOROVOD_WHEEL_DIR)/*.whl "$$1/tmp/base"' \
+	--customize-hook='chroot "$$1" sh -c "env -i PATH=/usr/bin:/bin HOME=/root PIP_CERT=$(CPU_BASE_CERTS) \
+	  /opt/venv/bin/pip install -q --no-cache-dir -c /tmp/base/constraints.txt mxnet numpy /tmp/base/horovod-*.whl"' \
+	--customize-hook='rm -rf "$$1/tmp/base" "$$1"/var/lib/apt/lists/*'
+CPU_BASE_ENV := --change 'ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+	--change 'ENV PIP_CERT=$(CPU_BASE_CERTS)'
+CPU_BASE_KEY := $(shell { { echo '$(subst ','\'',$(HOROVOD_KEY) $(CPU_BASE_PACKAGES) $(CPU_BASE_HOOKS) $(CPU_BASE_ENV))'; \
+	cat constraints.txt $(CPU_BASE_CERTS); } | sha256sum | cut -c1-16; } 2>/dev/null)
+CPU_BASE  := rn50-mx-cpu-base:$(CPU_BASE_KEY)
+CPU_BASE_TAR := $(CACHE)/cpu-base-$(CPU_BASE_KEY).tar
+
+$(CPU_BASE_TAR): | $(HOROVOD_WHEEL_DIR) /usr/bin/mmdebstrap
+	rm -f $(CACHE)/cpu-base-*.tar  # the bases of other inputs, and a build cut short
+	mmdebstrap --quiet --variant=minbase --include=$(CPU_BASE_PACKAGES) $(CPU_BASE_HOOKS) bookworm $@.tmp.tar
+	mv $@.tmp.tar $@
+
+# The base's hash (tests/support/engine.py names its saved image by it and the Dockerfile's context).
+cpu-base-key:
+	@echo $(CPU_BASE_KEY)
+
+image-cpu: $(CPU_BASE_TAR) /usr/sbin/dockerd
+	@$(DOCKER) version >/dev/null || { echo "make image-cpu: no Docker engine answers (DOCKER_HOST=$${DOCKER_HOST:-unset}): start dockerd first" >&2; exit 1; }
+	$(DOCKER) image inspect $(CPU_BASE) >/dev/null 2>&1 || \
+	  $(DOCKER) import $(CPU_BASE_ENV) $(CPU_BASE_TAR) $(CPU_BASE)
+	$(DOCKER) build --network=host --build-arg FROM_IMAGE_NAME=$(CPU_BASE) --build-arg IMAGE_PYTHON=3.11 \
+	  --build-arg EXPECT_GPU= -t $(CPU_IMAGE) .
 
 clean:
 	rm -rf $(VENV) data results build *.egg-info

@@ -61,10 +61,33 @@ names_set_here() {
     done < <(compgen -e)
 }
 
+# Before any trial, one line for an engine that does not answer, an image it does not have, a DATADIR or checkpoint
+# folder the container's user cannot read (the check in the container would name only /data).
+check_container() {
+    docker version >/dev/null 2>&1 || die "CONT=${CONT}: the Docker engine does not answer" \
+        "(DOCKER_HOST=${DOCKER_HOST:-unset}): start it, or unset CONT to run on this machine"
+    docker image inspect "$CONT" >/dev/null 2>&1 || die "CONT=${CONT}: the engine has no such image: build it" \
+        "(docker build -t ${CONT} . ; the CPU image: make image-cpu)"
+    [[ -r "$DATADIR" && -x "$DATADIR" ]] || die "DATADIR=${DATADIR}: not readable by the launching user, who the" \
+        "containers run as"
+}
+
 if [[ -n "${CONT:-}" ]]; then
-    DOCKER_RUN=(
-        docker run --rm --init --gpus all --net=host --uts=host --ipc=host --security-opt seccomp=unconfined
-        --ulimit stack=67108864 --ulimit memlock=-1 -v "${DATADIR}:/data" -v "${LOGDIR}:/results"
+    check_container
+    # The containers run as the launching user, so that what they write (checkpoints, plots, configs) is that user's,
+    # with a HOME that user can write (horovodrun keeps a cache there; the image's passwd may not know the user).
+    # A CPU config gets no GPU, nor the unlimited locked memory that the GPU's pinned buffers need (an engine without
+    # CAP_SYS_RESOURCE cannot grant it).
+    DOCKER_RUN=(docker run --rm --init --user "$(id -u):$(id -g)" --env HOME=/tmp)
+    gpu_flags=(--gpus all)
+    gpu_limits=(--ulimit memlock=-1)
+    if [[ "${DEVICE:-cpu}" != gpu ]]; then
+        echo "${LAUNCHER}: DEVICE=${DEVICE:-cpu}: the containers get no GPU (no --gpus all, no --ulimit memlock=-1)"
+        gpu_flags=() gpu_limits=()
+    fi
+    DOCKER_RUN+=(
+        "${gpu_flags[@]}" --net=host --uts=host --ipc=host --security-opt seccomp=unconfined
+        --ulimit stack=67108864 "${gpu_limits[@]}" -v "${DATADIR}:/data" -v "${LOGDIR}:/results"
     )
     # The variables handed on (see DGXSYSTEM above) and the launcher's own. What rn50_mx reads is asked of the
     # image: the host may not have the package.

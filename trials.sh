@@ -251,7 +251,7 @@ run_trials() {
     # Fail before any trial on a bad setting or a missing data file: one line naming it.
     # A stopped trial to resume: its checkpoint must be there (else it would start afresh and the state be lost).
     local resuming=()
-    if (( resume_trial > 0 )); then resuming=(--resume "$RESUME_STATE"); fi
+    if (( resume_trial > 0 )); then resuming=(--resume "${LOGS_SEEN_AS}/${RESUME_STATE##*/}"); fi
     run_in_group run_tool python -m rn50_mx.check "${resuming[@]}" --data-train "${DATA_SEEN_AS}/train.rec" \
         --data-val "${DATA_SEEN_AS}/val.rec" >/dev/null
     # SELFTEST=1: the self-test of the stack, the config and the data first (README "GPU users"); a failed check

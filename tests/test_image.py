@@ -25,9 +25,13 @@ def test_dockerfile_copies_only_existing_paths_that_dockerignore_lets_through():
 
 
 def dockerfile_stack_check():
-    """The command the Dockerfile's build-time check runs (after `python -m`)."""
+    """The command the Dockerfile's build-time check runs (after `python -m`) with its build arguments' defaults, the
+    GPU image's (the CPU image empties EXPECT_GPU)."""
     with open(os.path.join(ROOT, "Dockerfile")) as f:
-        return re.search(r"python -m (rn50_mx\.selftest [^;\n]*)", f.read()).group(1).split()
+        text = f.read()
+    defaults = dict(re.findall(r"^ARG (\w+)=(\S*)$", text, re.M))
+    command = re.search(r"python -m (rn50_mx\.selftest [^;\n]*)", text).group(1)
+    return re.sub(r"\$\{(\w+)\}", lambda arg: defaults[arg.group(1)], command).split()
 
 
 def test_the_image_build_check_fails_on_a_stack_without_the_gpu_path():

@@ -1,0 +1,268 @@
+"""The CPU image and `./run_with_docker.sh` under a real Docker engine (tests/support/engine.py: a private dockerd,
+the image built with `make image-cpu` once a run or loaded from the cache). The launcher runs as an unprivileged user
+(nobody), so that who owns what the containers write is seen: trials in fresh containers with distinct seeds, the
+settings exported by hand handed on, the data at /data, the timing summary read from /results in the image; SIGTERM
+to the launcher reaching the training inside, and the next launch resuming its checkpoint in a new container; a
+missing image, a stopped engine and an unreadable DATADIR each one line before any trial. Then the README's
+container commands, read from the README and run with the CPU image in place of the GPU one."""
+import json
+import os
+import pathlib
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from tests.support import engine as engine_support
+from tests.support.mllog import mllog
+from tests.support.procs import ROOT, files_in
+from tests.support.settings import TINY, TINY_KEEP_CACHES
+
+NOBODY = 65534
+IMAGE = engine_support.IMAGE
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """A private engine holding the CPU image; the tests are skipped, in one line, where none can start."""
+    reason = engine_support.why_no_engine()
+    if reason:
+        pytest.skip(f"no container tests: {reason}")
+    private = engine_support.Engine()
+    reason = private.start()
+    if reason:
+        pytest.skip(f"no container tests: {reason}")
+    try:
+        how, seconds = engine_support.cpu_image(private)
+        print(f"{IMAGE}: {how} in {seconds:.0f} s")
+        os.chmod(private.dir, 0o711)  # the launcher runs as nobody: it reaches the socket
+        os.chmod(private.socket, 0o666)
+        yield private
+    finally:
+        private.stop()
+
+
+@pytest.fixture
+def home():
+    """A folder nobody owns (pytest's tmp_path is root's alone), with bin/docker: Debian's CLI, which make installs
+    (PATH may have another first), and the launcher's files copied from the checkout (which nobody may not reach)."""
+    folder = tempfile.mkdtemp(prefix="rn50-nobody-")
+    os.chmod(folder, 0o755)
+    try:
+        os.mkdir(os.path.join(folder, "bin"))
+        os.symlink(engine_support.DOCKER, os.path.join(folder, "bin", "docker"))
+        os.mkdir(os.path.join(folder, "checkout"))
+        for name in ("run_with_docker.sh", "trials.sh"):
+            shutil.copy2(os.path.join(ROOT, name), os.path.join(folder, "checkout", name))
+        shutil.copytree(os.path.join(ROOT, "config"), os.path.join(folder, "checkout", "config"))
+        for parent, dirs, names in os.walk(folder):
+            for name in [parent, *(os.path.join(parent, n) for n in dirs + names)]:
+                os.chown(name, NOBODY, NOBODY, follow_symlinks=False)
+        yield pathlib.Path(folder)
+    finally:
+        shutil.rmtree(folder)
+
+
+def as_nobody(script, home, engine, env=None, **popen):
+    """bash -c `script` as nobody from home/checkout, in a clean environment (plus `env`) naming the private engine;
+    the Popen (stdout and stderr to home/out.txt unless given)."""
+    full_env = {"PATH": f"{home}/bin:/usr/bin:/bin", "HOME": str(home), **engine.env, **(env or {})}
+    if "stdout" not in popen:
+        popen.update(stdout=open(home / "out.txt", "w"), stderr=subprocess.STDOUT)
+    return subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "bash", "-c", script],
+                            env=full_env, cwd=home / "checkout", start_new_session=True, **popen)
+
+
+def data(three_classes, home):
+    """A copy of the three_classes set that nobody can read."""
+    folder = home / "data"
+    shutil.copytree(three_classes, folder)
+    return str(folder)
+
+
+def launch(env, home, engine, **popen):
+    """run_with_docker.sh as nobody with CONT set, after `source config/CPU.sh` and `env` exported."""
+    exports = "".join(f"export {name}={value!r}; " for name, value in {"CONT": IMAGE, **env}.items())
+    return as_nobody(f"set -euo pipefail; source config/CPU.sh; {exports}exec ./run_with_docker.sh", home, engine,
+                     **popen)
+
+
+def finished(proc, home, timeout=900):
+    """Waits for `proc`; its exit status and output."""
+    try:
+        status = proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return status, (home / "out.txt").read_text()
+
+
+def logdir(home):
+    folder = home / "logs"
+    folder.mkdir()
+    shutil.chown(folder, NOBODY, NOBODY)
+    return folder
+
+
+def owners(folder):
+    """{path under folder: owner uid} of everything there."""
+    found = {}
+    for parent, dirs, names in os.walk(folder):
+        for name in dirs + names:
+            path = os.path.join(parent, name)
+            found[os.path.relpath(path, folder)] = os.lstat(path).st_uid
+    return found
+
+
+def containers_started(engine, since):
+    """The image of each container the engine started since `since` (a Unix time)."""
+    events = engine.docker("events", "--since", str(int(since)), "--until", str(int(time.time()) + 1),
+                           "--filter", "type=container", "--filter", "event=start", "--format", "{{json .}}")
+    return [json.loads(line)["from"] for line in events.stdout.splitlines()]
+
+
+@pytest.mark.slow
+def test_trials_run_in_fresh_containers_with_the_settings_and_the_data_mounted(engine, three_classes, home):
+    """Two trials of config/CPU.sh shrunk to seconds: each in a container of its own with seed SEED+i-1 (the seed
+    checker refuses repeats), END_LR (exported by hand, not in the config) reaching training, the data read at /data,
+    cache_clear logged as the page-cache drop went (nobody may not drop it), the summary run in the image on /results;
+    a CPU config gets no GPU and says so. (This replaces the bare launcher's two-trial test: the trial loop is the
+    same, trials.sh; the bare trial runs in test_make_demos_config_trains_in_float32_on_a_cpu_without_bfloat16.)"""
+    logs = logdir(home)
+    env = {**TINY, "NUM_CLASSES": "3", "DATADIR": data(three_classes, home), "LOGDIR": str(logs), "NEXP": "2",
+           "SEED": "7", "DATESTAMP": "c", "END_LR": "0.0002"}
+    since = time.time()
+    status, out = finished(launch(env, home, engine), home)
+    assert status == 0, out[-4000:]
+    assert out.splitlines()[0] == ("run_with_docker.sh: DEVICE=cpu: the containers get no GPU (no --gpus all, "
+                                   "no --ulimit memlock=-1)")
+    # the env-names query, the settings check, two trials, the summary
+    assert containers_started(engine, since) == [IMAGE] * 5
+    for i in (1, 2):
+        path = logs / f"c_{i}.log"
+        text = path.read_text()
+        assert text.startswith(f"Beginning trial {i} of 2\n")
+        assert mllog(path, "seed") == [6 + i]
+        assert mllog(path, "cache_clear") == ["Cleared the page cache" in text]
+        assert mllog(path, "submission_platform") == ["1xCPU"]
+        assert re.search(r"^--end-lr +0\.0002 +END_LR$", text, re.M), text[:3000]
+        assert "data: found /data/train.rec and its .idx, /data/val.rec and its .idx" in text
+        assert re.search(r"^RESULT,IMAGE_CLASSIFICATION,,\d+,", text, re.M)
+    assert re.search(r"^c_1\.log +closed .* success ", out, re.M) and re.search(r"^c_2\.log +closed ", out, re.M)
+    assert "no score: ResNet-50 is scored on exactly 5 runs, got 2" in out
+    assert set(owners(logs).values()) == {NOBODY}
+
+
+@pytest.mark.slow
+def test_sigterm_reaches_training_in_the_container_and_the_next_launch_resumes_it(engine, three_classes, home):
+    """SIGTERM to the launcher mid-epoch: the training in the container writes its checkpoint (in LOGDIR, through
+    the mount, as nobody) and stops; the launcher says so and exits 143. The next launch, in a new container,
+    resumes from that checkpoint and ends with run_stop success."""
+    logs = logdir(home)
+    env = {**TINY_KEEP_CACHES, "NUM_CLASSES": "3", "DATADIR": data(three_classes, home), "LOGDIR": str(logs), "NEXP": "1",
+           "SEED": "7", "DATESTAMP": "s", "NUMEPOCHS": "3", "EVAL_PERIOD": "3", "EVAL_OFFSET": "2", "DISP_BATCHES": "1",
+           "RN50_CHECKPOINT_DIR": "/results/ckpt"}
+    proc = launch(env, home, engine)
+    deadline = time.time() + 600
+    while not ((logs / "s_1.log").exists() and "epoch 1 step 1/" in (logs / "s_1.log").read_text()):
+        assert proc.poll() is None and time.time() < deadline, (home / "out.txt").read_text()[-3000:]
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    status, out = finished(proc, home, timeout=300)
+    assert status == 143, out[-3000:]
+    assert "run_with_docker.sh: stopped by SIGTERM in trial 1 of 1 (no run_stop); no further trial runs" in out
+    while engine.docker("ps", "-q").stdout.strip():  # the container ends once its checkpoint is written
+        assert time.time() < deadline, engine.docker("ps").stdout
+        time.sleep(0.5)
+    steps = [name for name in files_in(logs / "ckpt") if name.startswith("step-")]
+    assert len(steps) == 1, files_in(logs / "ckpt")
+    assert set(owners(logs).values()) == {NOBODY}, owners(logs)
+    since = time.time()
+    status, out = finished(launch({**env, "DATESTAMP": "s2"}, home, engine), home)
+    assert status == 0, out[-4000:]
+    assert containers_started(engine, since) == [IMAGE] * 4
+    assert mllog(logs / "s2_1.log", "resumed_from") == [f"/results/ckpt/{steps[0]}"]
+    assert (logs / "ckpt" / "finished").read_text() == "run_stop success\n"
+    assert set(owners(logs).values()) == {NOBODY}, owners(logs)
+
+
+@pytest.mark.parametrize("case", ["no engine", "no image", "unreadable data"])
+def test_what_stops_a_container_launch_is_one_line_before_any_trial(engine, three_classes, home, case):
+    logs, folder = logdir(home), data(three_classes, home)
+    env = {**TINY_KEEP_CACHES, "DATADIR": folder, "LOGDIR": str(logs), "NEXP": "1"}
+    says = {"no engine": f"CONT={IMAGE}: the Docker engine does not answer (DOCKER_HOST=unix://{home}/none.sock)",
+            "no image": "CONT=rn50-mx:absent: the engine has no such image: build it",
+            "unreadable data": f"DATADIR={folder}: not readable by the launching user"}[case]
+    if case == "no engine":
+        env["DOCKER_HOST"] = f"unix://{home}/none.sock"
+    elif case == "no image":
+        env["CONT"] = "rn50-mx:absent"
+    else:
+        shutil.chown(folder, 0, 0)
+        os.chmod(folder, 0o700)  # root's alone
+    status, out = finished(launch(env, home, engine), home, timeout=120)
+    lines = out.strip().splitlines()
+    assert status == 2 and len(lines) == 1 and lines[0].startswith(f"run_with_docker.sh: {says}"), out
+    assert files_in(logs) == []
+
+
+# --- the README's container commands ------------------------------------------------------------------------------
+
+def readme_commands():
+    """The README's container commands for the data, the recipe and the rehearsal, as written: the two prep_rec runs,
+    the RUN line and the $RUN commands of the recipe and the rehearsal."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    blocks = re.findall(r"^```\n(.*?)^```", text, re.M | re.S)
+    prep = next(block for block in blocks if "prep_rec imagenet" in block)
+    run = re.search(r'^RUN="docker run [^"]+"$', text, re.M).group(0)
+    recipe = re.search(r"^\$RUN python -m rn50_mx\.recipe .*$", text, re.M).group(0)
+    rehearse = re.search(r"^\$RUN bash -c 'source config/MYBOX\.sh && python -m rn50_mx\.rehearse.*$", text, re.M)
+    return prep.strip(), run, recipe, rehearse.group(0)
+
+
+def test_the_readme_shows_the_commands_this_file_runs():
+    """The commands test_the_readmes_container_commands_run_with_the_cpu_image runs are read from the README: they
+    are there, in the order a user runs them, each container run as the launching user."""
+    prep, run, recipe, rehearse = readme_commands()
+    assert prep.startswith("docker run --rm -u $(id -u):$(id -g) -v /raw/imagenet:/raw:ro -v /raid/imagenet-rec:/out ")
+    assert "prep_rec verify /out/val" in prep and "-u $(id -u):$(id -g)" in run
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    assert text.index(prep) < text.index(run) < text.index(recipe) < text.index(rehearse)
+
+
+@pytest.mark.slow
+def test_the_readmes_container_commands_run_with_the_cpu_image(engine, home):
+    """The README's commands as written, as nobody, with the CPU image for `rn50-mx`, a small ImageNet in the
+    official layout for /raw/imagenet (read-only), folders here for /raid/imagenet-rec, the checkout's config/ and
+    results/, and its 5 classes for ImageNet's 1000; no --gpus. The records pass verify, the recipe writes
+    config/MYBOX.sh through the mount and that GPU config rehearses in the image; everything written is nobody's."""
+    from tests.support import imagenet_archives
+
+    raw = imagenet_archives.write_archives(imagenet_archives.make(per_class=2, val_images=5), home / "raw")
+    rec, work = home / "rec", home / "work"
+    for folder in (rec, work, work / "results"):
+        folder.mkdir()
+        shutil.chown(folder, NOBODY, NOBODY)
+    shutil.copytree(home / "checkout" / "config", work / "config")
+    for path in [work / "config", *(work / "config").iterdir()]:
+        shutil.chown(path, NOBODY, NOBODY)
+    # What the README names and this machine has elsewhere.
+    places = {"/raw/imagenet:": f"{raw}:", "/raid/imagenet-rec:": f"{rec}:", "$PWD/config:": f"{work}/config:",
+              "$PWD/results:": f"{work}/results:", " rn50-mx ": f" {IMAGE} ", " rn50-mx \\": f" {IMAGE} \\",
+              ' rn50-mx"': f' {IMAGE}"', "--num-classes 1000": "--num-classes 5", "--gpus all ": ""}
+    script = "set -euo pipefail\n" + "\n".join(readme_commands())
+    for written, here in places.items():
+        script = script.replace(written, here)
+    status, out = finished(as_nobody(script, home, engine), home, timeout=900)
+    assert status == 0, script + "\n" + out[-4000:]
+    assert files_in(rec) == ["train.idx", "train.lst", "train.rec", "val.idx", "val.lst", "val.rec"]
+    assert "wrote config/MYBOX.sh" in out and "MYBOX.sh" in files_in(work / "config")
+    assert re.search(r"^train +ok ", out, re.M), out[-3000:]
+    for folder in (rec, work):
+        assert set(owners(folder).values()) == {NOBODY}, owners(folder)
