@@ -10,7 +10,8 @@ config needs (rn50_mx.memory, an estimate) against the GPU's; the DALI pipelines
 layout and precision (NHWC float16, fused BatchNorm and NormConv where MXNet has them) against NCHW float32 on the
 same weights and batch; one multi-precision LARS step against the float32 step; an allreduce across --ranks
 processes (default: one per visible GPU; on the CPU 1, so CI asks for 2); training steps on synthetic and on real
-batches, and one eval over the val set. On a CPU it is the same code on the CPU.
+batches, and one eval over the val set. On a CPU it is the same code on the CPU. First, on NVIDIA's build (or the
+stand-in build), whether it is the build the rehearsal's stand-ins model (build.py).
 """
 import argparse
 import os
@@ -18,8 +19,8 @@ import sys
 
 from .. import bind, children, config
 from ..errors import InputError
-from . import checks
-from .report import attempt, table
+from . import build, checks
+from .report import Row, attempt, table
 from .stack import stack_rows, topology
 
 
@@ -53,9 +54,14 @@ def device_checks(s, ranks, steps, flags):
     ctx = dist.context(s, 0)
     rows = []
     with ctx:
+        rows += build.build_rows(s, ctx)
         attempt(rows, "memory", checks.memory_need, s, ctx)
         iters = attempt(rows, "pipelines", checks.pipelines, s, ctx)
-        net = checks.configured_network(s, ctx)
+        try:
+            net = checks.configured_network(s, ctx)
+        except InputError as err:  # the fused kernels refuse this GPU (model.check_fused_kernels): said in one row
+            rows.append(Row("network", False, str(err)))
+            return rows
         if iters:
             iters[0].reset()
             attempt(rows, "layout/precision", checks.layout_precision, s, ctx, net, next(iters[0]))
