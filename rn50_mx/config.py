@@ -198,8 +198,8 @@ class Settings:
                              env="RN50_EXIT_TIMEOUT", low=1, high=86_400)
     standin: str = _opt("off", "a stand-in GPU build on this CPU (rn50_mx/standin): devices = each rank on a CPU "
                         "context of its own, cpu(1 + local rank), mixed contexts refused; gpu = that plus CPU twins of "
-                        "the kernels the CPU lacks and NVIDIA's fused operators (python -m rn50_mx.rehearse sets it); "
-                        "says nothing of a GPU's speed, memory or numerics", env="RN50_STANDIN",
+                        "the kernels the CPU lacks, NVIDIA's fused operators and Python layer (python -m "
+                        "rn50_mx.rehearse sets it); says nothing of a GPU's speed, memory or numerics", env="RN50_STANDIN",
                         choices=("off", "devices", "gpu"))
     standin_sm: int = _opt(80, "the compute capability (major x 10 + minor: 80 A100, 90 H100, 89 L40S) of the GPU the "
                            "stand-in GPU build stands in for (--standin gpu): NVIDIA's NormConv kernels run on the "
@@ -569,9 +569,6 @@ def validate(s, origins=None):
     if not re.fullmatch(SYSTEM_NAME, s.dgxsystem):
         raise SettingsError(f"{src('dgxsystem')}={s.dgxsystem!r}: a system name is letters, digits, '.', '_' and '-' "
                             "(it names config/<SYSTEM>.sh and the fragments the tools write beside it)")
-    if s.standin_sm != FIELDS["standin_sm"].default and s.standin != "gpu":
-        raise SettingsError(f"{src('standin_sm')}={s.standin_sm}: the stand-in GPU's compute capability; needs "
-                            f"{src('standin')}=gpu (python -m rn50_mx.rehearse sets it)")
     if s.checkpoint_every and not s.checkpoint_dir:
         raise SettingsError(f"{src('checkpoint_every')}={s.checkpoint_every}: needs {src('checkpoint_dir')}")
     if s.world_size > 1 and s.kv_store != "horovod":

@@ -373,3 +373,18 @@ def test_conv1s_data_gradient_is_the_later_input_of_the_unit_inputs_gradient_sum
     conv1 = [name for (back, name), (_, inputs, _) in nodes.items()
              if not back and (name.startswith("unit_conv1_") or "unit_conv1_weight" in inputs)]
     assert len(terms) == 2 and forward[1] in conv1 and forward[0] not in conv1, (terms, forward, conv1)
+
+
+def test_a_gpu_whose_normconv_kernels_refuse_stops_the_build_in_one_line_naming_the_setting(monkeypatch):
+    """GPU review 5, section 4: on a GPU that NVIDIA's NormConv kernels do not list (here the stand-in build as SM 89:
+    ngc.NORMCONV_SM), the model's build runs them once and stops in one line naming RN50_NORMCONV=0, before the
+    warm-up's first forward would end in MXNet's error; with RN50_NORMCONV=0 it builds, the fused BatchNorm kept."""
+    from rn50_mx.errors import InputError
+
+    ctx = gpu_build.install(monkeypatch, sm=89)
+    s = Settings(device="gpu", input_layout="NHWC", dtype="float16", batch_size=2, image_shape="4,32,32",
+                 num_classes=4, standin="gpu", standin_sm=89)
+    with pytest.raises(InputError, match=r"^NVIDIA's NormConv kernels do not run on this GPU \(No fallback impl for "
+                                         r"unsupported NormConvolution configuration\.\): set RN50_NORMCONV=0$"):
+        model.build_model(s, ctx)
+    assert model.build_model(s.replace(normconv=False), ctx).bn0.fused

@@ -62,7 +62,8 @@ def rehearse(s, ranks, work, quick=False, own_data=False):
     """[Row] of every stage, in order (with `quick`, the run alone), on generated records or, with `own_data`, on
     the settings' data files; a stage whose input an earlier one failed to make is not run."""
     rows = [Row("config", True, f"{s.dgxsystem or 'sourced'}: {s.device} {s.input_layout} {s.dtype}, "
-                f"{s.optimizer}, batch {s.batch_size} x {s.world_size}")]
+                f"{s.optimizer}, batch {s.batch_size} x {s.world_size}; stand-in GPU sm_{s.standin_sm} "
+                "(RN50_STANDIN_SM)")]
     if s.device != "gpu":
         raise InputError(f"DEVICE={s.device}: not a GPU config; a CPU config's path is what make test runs")
     data = {"train": s.data_train, "val": s.data_val} if own_data else None

@@ -12,7 +12,8 @@ Four fakes, each named as one, none of which can say anything about a GPU's spee
 The setting --standin (RN50_STANDIN) chooses it, so that every process of a run, its horovodrun ranks and the
 self-test's workers alike, installs it: `devices` the stand-in devices alone (the tests' CPU runs on cpu(1 + local
 rank)), `gpu` the whole build (the rehearsal). dist.context installs it and returns the rank's stand-in device;
-model's registry query is the only other code that asks for it.
+the registry queries (model's and optim's kernels, the self-test's build rows) and the stood-in GPU's compute
+capability are the only other things asked of it.
 """
 import mxnet as mx
 
