@@ -30,7 +30,9 @@ GPU_ONLY = ("kernel speed (images/s): the stand-in's figures are a CPU's",
             "NCCL and the fabric: the allreduce here is Gloo on one machine",
             "GPU memory: MXNet's pool and cudaMalloc (rn50_mx.memory estimates it; the self-test compares on a GPU)",
             "DALI's mixed decoder (nvJPEG, the hardware decoder) and its GPU operators: DALI's CPU builds ran",
-            "CUDA graphs, the launchers' GPU binding and containers (make test runs the launchers on CPU configs)")
+            "CUDA graphs, the launchers' GPU binding and containers (make test runs the launchers on CPU configs)",
+            "the image's own MXNet: the stand-ins model NVIDIA's public fork (docs/rehearsal.md); in the image, "
+            "python -m rn50_mx.selftest --stack-only checks that picture")
 
 
 def parse_args(argv):
