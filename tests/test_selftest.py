@@ -290,3 +290,20 @@ def test_the_stack_only_check_says_in_one_line_that_stock_mxnet_is_not_nvidias_b
     result = sourced("NF5688M6", "python -m rn50_mx.selftest --stack-only", timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
     assert rows(result.stdout)["NVIDIA build"][1].startswith("not NVIDIA's build: MXNet 1.9.1")
+
+
+def test_on_a_gpu_whose_normconv_kernels_refuse_the_self_test_says_so_in_rows_naming_the_setting(monkeypatch):
+    """The stand-in build as SM 89 (NORMCONV_SM does not list it): the kernels row and the network's build each fail
+    in one line naming RN50_NORMCONV=0, no traceback, and the checks that need the network are not run."""
+    from rn50_mx import selftest
+    from rn50_mx.config import Settings
+    from tests.support import gpu_build
+
+    gpu_build.install(monkeypatch)
+    s = Settings(device="gpu", input_layout="NHWC", dtype="float16", batch_size=2, image_shape="4,32,32",
+                 num_classes=4, standin="gpu", standin_sm=89)
+    table = {row.name: (row.status, row.detail) for row in selftest.device_checks(s, 1, 1, [])}
+    refusal = ("NVIDIA's NormConv kernels do not run on this GPU (No fallback impl for unsupported NormConvolution "
+               "configuration.): set RN50_NORMCONV=0")
+    assert table["network"] == (False, refusal) and table["kernels on this GPU"][1].startswith(refusal)
+    assert "layout/precision" not in table and "eval" not in table

@@ -57,7 +57,8 @@ def device_checks(s, ranks, steps, flags):
     ctx = dist.context(s, 0)
     rows = []
     with ctx:
-        rows += build.build_rows(s, ctx)
+        if s.device == "gpu":
+            rows += build.build_rows(s, ctx)
         attempt(rows, "memory", checks.memory_need, s, ctx)
         iters = attempt(rows, "pipelines", checks.pipelines, s, ctx)
         try:
