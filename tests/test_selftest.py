@@ -271,6 +271,8 @@ def test_the_build_rows_check_the_stand_ins_picture_and_name_the_setting_where_i
     assert all(status for status, _ in table.values()), table
     assert "ran in float16 NHWC on sm_80" in table["kernels on this GPU"][1]
     assert "BatchNormAddRelu(act_type=None) refused" in table["None keywords"][1]
+    monkeypatch.setitem(standin.ngc.GPU, "sm", 90)  # an H100, as the 24.04 image is assumed to run them
+    assert build_table(s, ctx)["kernels on this GPU"][0] is True
     monkeypatch.setitem(standin.ngc.GPU, "sm", 89)
     status, detail = build_table(s, ctx)["kernels on this GPU"]
     assert not status and "set RN50_NORMCONV=0; sm_89, which the stand-in assumes they refuse" in detail
