@@ -199,9 +199,14 @@ class Settings:
                              env="RN50_EXIT_TIMEOUT", low=1, high=86_400)
     standin: str = _opt("off", "a stand-in GPU build on this CPU (rn50_mx/standin): devices = each rank on a CPU "
                         "context of its own, cpu(1 + local rank), mixed contexts refused; gpu = that plus CPU twins of "
-                        "the kernels the CPU lacks and NVIDIA's fused operators (python -m rn50_mx.rehearse sets it); "
-                        "says nothing of a GPU's speed, memory or numerics", env="RN50_STANDIN",
+                        "the kernels the CPU lacks, NVIDIA's fused operators and Python layer (python -m "
+                        "rn50_mx.rehearse sets it); says nothing of a GPU's speed, memory or numerics", env="RN50_STANDIN",
                         choices=("off", "devices", "gpu"))
+    standin_sm: int = _opt(80, "the compute capability (major x 10 + minor: 80 A100, 90 H100, 89 L40S) of the GPU the "
+                           "stand-in GPU build stands in for (--standin gpu): NVIDIA's NormConv kernels run on the "
+                           "ones rn50_mx/standin/ngc.py's NORMCONV_SM assumes (the public fork: 70, 75, 80, 86; the "
+                           "24.04 image: 90 too), and refuse any other, as they would there", env="RN50_STANDIN_SM",
+                           choices=(60, 61, 70, 72, 75, 80, 86, 87, 89, 90, 100, 120))
     cache_cleared: bool = _opt(False, "the launcher dropped the page cache before this run (logged as cache_clear)",
                                env="CACHE_CLEARED")
     mllog_file: str = _opt("", "also write the MLPerf log to this file", env="MLLOG_FILE")
@@ -486,7 +491,7 @@ def _check(f, value, source):
     if isinstance(value, float) and not math.isfinite(value):
         raise SettingsError(f"{source}={value!r}: must be a finite number")
     if meta["choices"] and value not in meta["choices"]:
-        raise SettingsError(f"{source}={value!r}: must be one of {', '.join(meta['choices'])}")
+        raise SettingsError(f"{source}={value!r}: must be one of {', '.join(map(str, meta['choices']))}")
     if meta["low"] is not None and value < meta["low"]:
         raise SettingsError(f"{source}={value!r}: must be >= {meta['low']}")
     if meta["high"] is not None and value > meta["high"]:

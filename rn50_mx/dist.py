@@ -47,7 +47,7 @@ def context(settings, local_rank):
     rank), whatever the settings' device, with the stand-in build installed first: the one switch between a GPU
     and its rehearsal."""
     if settings.standin != "off":
-        return standin.use(settings.standin, local_rank)
+        return standin.use(settings.standin, local_rank, settings.standin_sm)
     if settings.device != "gpu":
         return mx.cpu()
     index = gpu_index(local_rank, mx.context.num_gpus())

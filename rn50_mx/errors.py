@@ -1,5 +1,6 @@
 """One error type for bad input, and the CLI wrapper that turns it into one line on stderr."""
 import os
+import re
 import sys
 import threading
 
@@ -14,6 +15,14 @@ def printable(text):
     """`text` on one line whatever it holds: a newline, a CR or another control character shown escaped (a path or
     value with one printed raw would break the line, or hide in it)."""
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
+def one_line(message):
+    """MXNet's error without its traceback lines, timestamps and source locations: the first line that says
+    something ("Operator _ones is not implemented for GPU.", "... no kernel image is available ...")."""
+    noise = re.compile(r"^(Traceback \(most recent call last\):|File \"|\[bt\]|Stack trace)")
+    lines = [re.sub(r"^(MXNetError: )?(\[\d\d:\d\d:\d\d\] \S+: )?", "", line.strip()) for line in message.splitlines()]
+    return next((line for line in lines if line and not noise.match(line)), "no message")[:300]
 
 
 def run_cli(main, prog):

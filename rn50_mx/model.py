@@ -24,6 +24,7 @@ from mxnet import gluon
 from mxnet.gluon import nn
 
 from . import standin
+from .errors import InputError, one_line
 
 # MXNet's bfloat16 (type code 12): NumPy has no such type, MXNet names it by a structured dtype (mxnet/ndarray/
 # ndarray.py, _DTYPE_MX_TO_NP), which its operators and NDArray.astype take.
@@ -124,8 +125,17 @@ class BatchNormReLU(BatchNorm):
 
     def hybrid_forward(self, F, x, gamma, beta, running_mean, running_var):
         if self.fused:
-            return F.BatchNorm(x, gamma, beta, running_mean, running_var, act_type="relu", name="fwd", **self._kwargs)
+            return F.BatchNorm(x, gamma, beta, running_mean, running_var, name="fwd", **self.fused_kwargs("relu"))
         return F.Activation(super().hybrid_forward(F, x, gamma, beta, running_mean, running_var), act_type="relu")
+
+    def fused_kwargs(self, act_type):
+        """Gluon's BatchNorm arguments (`_kwargs`) for a fused kernel: act_type set, or left out. NVIDIA's Gluon keeps
+        act_type (None unless given), bn_group and xbuf_ptr in every BatchNorm's `_kwargs` (sneaxiy/NVIDIA-MxNet@ce30b18
+        python/mxnet/gluon/nn/basic_layers.py:344-348), stock Gluon none of them: a second act_type keyword would be
+        a TypeError, and BatchNormAddRelu has no act_type at all (src/operator/nn/batch_norm_add_relu-inl.h:61-93),
+        whose parser refuses even a None one (MXNet's generated functions pass it on as "None")."""
+        kwargs = {k: v for k, v in self._kwargs.items() if k != "act_type"}
+        return dict(kwargs, act_type=act_type) if act_type else kwargs
 
 
 class BatchNormAddReLU(BatchNormReLU):
@@ -134,7 +144,7 @@ class BatchNormAddReLU(BatchNormReLU):
     def hybrid_forward(self, F, x, addend, gamma, beta, running_mean, running_var):
         if self.fused:
             return F.BatchNormAddRelu(data=x, addend=addend, gamma=gamma, beta=beta, moving_mean=running_mean,
-                                      moving_var=running_var, name="fwd", **self._kwargs)
+                                      moving_var=running_var, name="fwd", **self.fused_kwargs(None))
         y = nn.BatchNorm.hybrid_forward(self, F, x, gamma, beta, running_mean, running_var)
         return F.Activation(y + addend, act_type="relu")
 
@@ -294,7 +304,39 @@ def build_model(settings, ctx=None):
                       settings.image_chw[1:])
     net.initialize(ctx=ctx or mx.cpu())
     net.cast(mx_dtype(settings.dtype))
+    check_fused_kernels(layout, ctx or mx.cpu())
     return net
+
+
+def check_fused_kernels(layout, ctx):
+    """NVIDIA's fused kernels that `layout` asks for, each run once, tiny, on `ctx` (float16 NHWC, in training as
+    the warm-up's first step runs them): on a GPU they refuse (the NormConv family below SM 70 or on one its
+    build's Supports() does not list: cudnn_norm_convolution-inl.h:465-468 in the public fork; an LOG(FATAL) that
+    MXNet raises at the next wait), the run stops here in one line naming the setting that avoids them, not at its
+    first forward with MXNet's error. Nothing to run without fused kernels, nor off a GPU (or the stand-in build's
+    stand-in for one: a test that presents another build's registry on a CPU traces what it checks). The probe's
+    parameters are zeros, so MXNet's random state is left as it was."""
+    if ctx.device_type != "gpu" and standin.compute_capability() is None:
+        return
+    blocks = {"RN50_FUSED_BN": layout.fused and layout.batchnorm(32, "probe_bn_", then="relu"),
+              "RN50_NORMCONV": layout.normconv_batch and Bottleneck(
+                  Layout("NHWC", layout.bn_eps, layout.bn_mom, layout.fused, 2, layout.ops), 32, 32, 1, True,
+                  False, "probe_unit_", (4, 4))}
+    for setting, block in blocks.items():
+        if not block:
+            continue
+        for param in block.collect_params().values():
+            param.initialize(mx.init.Zero(), ctx=ctx)  # given here, it beats each parameter's own initializer
+        block.cast("float16")
+        block.hybridize(static_alloc=True, static_shape=True)
+        x = mx.nd.zeros((2, 4, 4, 32), ctx=ctx, dtype="float16")
+        try:
+            with mx.autograd.train_mode():
+                block(x).wait_to_read()
+        except mx.base.MXNetError as err:
+            kernels = "fused BatchNorm" if setting == "RN50_FUSED_BN" else "NormConv"
+            raise InputError(f"NVIDIA's {kernels} kernels do not run on this GPU ({one_line(str(err))}): set "
+                             f"{setting}=0") from None
 
 
 def is_layer_weight(shape):

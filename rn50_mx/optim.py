@@ -15,11 +15,22 @@ import mxnet as mx
 import numpy as np
 from mxnet import gluon, nd
 
+from . import standin
 from .model import BFLOAT16, is_layer_weight, is_low_precision, split_params
 from .updates import Updates
 
-# MXNet's multi-tensor SGD kernels take at most 60 tensors per call (PreloadedMultiSGDKernelParam::N).
+# MXNet's multi-tensor SGD kernels take at most 60 tensors per call (PreloadedMultiSGDKernelParam::N; NVIDIA's
+# LARSMultiSGDKernelParam::N, sneaxiy/NVIDIA-MxNet@ce30b18 src/operator/lars_multi_sgd-inl.h:156, unchecked there).
 MAX_TENSORS_PER_CALL = 60
+
+
+def momentum_kernels(operators=standin.operators):
+    """(float32, multi-precision) multi-tensor momentum-SGD kernels taking per-tensor learning rates and weight decays
+    as arrays, under this build's names (its operator registry): stock MXNet's preloaded_multi_*, or NVIDIA's
+    lars_multi_* (the fork has those in their place: src/operator/lars_multi_sgd.cc:75, 184; python/mxnet/optimizer/
+    optimizer.py:34-38; NVIDIA's v4.0 code on the 24.04 image calls them, common/optimizer.py:45-46)."""
+    prefix = "preloaded_multi" if "preloaded_multi_sgd_mom_update" in operators() else "lars_multi"
+    return getattr(nd, f"{prefix}_sgd_mom_update"), getattr(nd, f"{prefix}_mp_sgd_mom_update")
 
 
 class SmoothedCrossEntropy(gluon.HybridBlock):
@@ -158,12 +169,13 @@ class LARS(Masters, mx.optimizer.Optimizer):
         self.correct_momentum = correct_momentum
         self.aggregate_num = MAX_TENSORS_PER_CALL  # make_optimizer sets the configured size
         self.groups = {}  # tuple of indices -> Group
+        self.kernels = None  # momentum_kernels(), looked up at the first update
 
     def __getstate__(self):
         """Pickled without the groups: derived data whose arrays would unpickle onto the device they were saved
-        from (another rank's GPU), rebuilt by `group` on the weights' device instead."""
+        from (another rank's GPU), rebuilt by `group` on the weights' device instead; nor the kernels, found again."""
         state = super().__getstate__()
-        state["groups"] = {}
+        state["groups"], state["kernels"] = {}, None
         return state
 
     def create_state(self, index, weight):
@@ -196,9 +208,17 @@ class LARS(Masters, mx.optimizer.Optimizer):
 
     def update_kernels(self, index, weight, grad, state):
         """Update one tensor or a list of tensors of one dtype (gluon's Updater groups them so); bfloat16 ones come
-        here as their float32 masters (Masters)."""
+        here as their float32 masters (Masters). At most aggregate_num tensors a kernel call: stock MXNet's Updater
+        hands them so, NVIDIA's hands every tensor of a dtype at once (sneaxiy/NVIDIA-MxNet@ce30b18 python/mxnet/
+        optimizer/optimizer.py:2208-2220) and its kernels hold 60."""
         if not isinstance(index, (tuple, list)):
             index, weight, grad, state = [index], [weight], [grad], [state]
+        step = min(self.aggregate_num, MAX_TENSORS_PER_CALL)
+        if len(index) > step:
+            for start in range(0, len(index), step):
+                piece = slice(start, start + step)
+                self.update_kernels(index[piece], weight[piece], grad[piece], state[piece])
+            return
         self._update_count(index)
         g = self.group(index, weight)
         lrs = g.lr_mults * self.lr_of(self.num_update)
@@ -211,7 +231,8 @@ class LARS(Masters, mx.optimizer.Optimizer):
             g_sq = grad_sq_sum([grad[k] for k in g.order[:n]])
             nd.multi_lars(lrs[:n], w_sq, g_sq, g.wds[:n], eta=self.eta, eps=self.eps,
                           rescale_grad=self.rescale_grad, out=lrs[:n])
-        sgd_mom = nd.preloaded_multi_mp_sgd_mom_update if mixed else nd.preloaded_multi_sgd_mom_update
+        self.kernels = self.kernels or momentum_kernels()
+        sgd_mom = self.kernels[mixed]
         others = self.momentum_of(self.num_update)
         for part, momentum in ((slice(0, n), self.layer_momentum()), (slice(n, None), others)):
             ks = g.order[part]

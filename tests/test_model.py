@@ -1,5 +1,6 @@
 """ResNet-50 v1.5: size, names, parameter roles, initialisation, precision, hybridisation, and layouts."""
 import functools
+import re
 import json
 
 import mxnet as mx
@@ -10,6 +11,7 @@ from mxnet.gluon import nn
 
 from rn50_mx import model
 from rn50_mx.config import Settings
+from tests.support import gpu_build
 from tests.support.ngc_ops import NdarrayConvention, NormConvOps, Registry, TraceOps
 
 SMALL = Settings(num_classes=10, image_shape="3,32,32")
@@ -307,3 +309,82 @@ def test_traced_normconv_graph_takes_every_parameter_by_its_name(monkeypatch):
     graph = net(mx.sym.var("data"))
     assert set(graph.list_inputs()) == {"data"} | set(net.collect_params())
     assert {node["op"] for node in json.loads(graph.tojson())["nodes"]} >= {"Convolution", "BatchNorm", "sum"}
+
+
+@pytest.mark.parametrize("then", ["relu", "add_relu"])
+def test_the_fused_blocks_run_under_nvidias_gluon(monkeypatch, then):
+    """GPU review 5, F1 and F2, on the stand-in build, which now gives Gluon NVIDIA's BatchNorm `_kwargs` (act_type
+    None, bn_group, xbuf_ptr: standin/python_layer.py) and passes a None keyword on as MXNet does. F1: the BN-ReLU
+    block passed act_type twice ("got multiple values for keyword argument 'act_type'"); F2: the BN-add-ReLU block
+    handed act_type=None to BatchNormAddRelu, which has no act_type ("Cannot find argument 'act_type'")."""
+    ctx = gpu_build.install(monkeypatch)
+    block = model.Layout("NHWC", fused=True).batchnorm(32, "bn_", then=then)
+    assert block._kwargs["act_type"] is None and block._kwargs["bn_group"] == 1 and block._kwargs["xbuf_ptr"] == 0
+    block.initialize(ctx=ctx)
+    block.cast("float16")
+    block.hybridize(static_alloc=True, static_shape=True)
+    x = nd.array(np.random.RandomState(0).uniform(-1, 1, (2, 4, 4, 32)), ctx=ctx, dtype="float16")
+    with autograd.train_mode():
+        out = block(x) if then == "relu" else block(x, x)
+    assert out.dtype == np.float16 and out.shape == x.shape and out.min().asscalar() == 0 < out.max().asscalar()
+
+
+def graph_of(symbol, **shapes):
+    """[(op, name, [input node names], [control dependencies])] of the forward and backward graph MXNet makes for
+    `symbol` (an executor's debug_str; nnvm's gradient pass, as a hybridized block's CachedOp runs it)."""
+    graph = []
+    for block in symbol.simple_bind(mx.cpu(), **shapes).debug_str().split("--------------------"):
+        head = re.search(r"Op:(\S+), Name=(\S+)", block)
+        if head:
+            graph.append((head[1], head[2], re.findall(r"arg\[\d+\]=(\S+?)\(", block),
+                          re.findall(r"cdep\[\d+\]=(\S+)", block)))
+    return graph
+
+
+@pytest.mark.parametrize("path", ["plain", "fused BatchNorm", "NormConv"])
+@pytest.mark.parametrize("projection", [False, True], ids=["identity", "projection"])
+def test_conv1s_data_gradient_is_the_later_input_of_the_unit_inputs_gradient_sum(monkeypatch, path, projection):
+    """Under MXNET_EXEC_ENABLE_ADDTO=1 NVIDIA's MXNet gives a two-way gradient sum's later producer kAddTo
+    (sneaxiy/NVIDIA-MxNet@ce30b18 src/executor/inplace_addto_detect_pass.cc:72-81), which only the convolutions honour:
+    NhwcBatchNorm(AddRelu) and ScaleBiasAddRelu overwrite. A unit's input feeds conv1 and the shortcut (the addend,
+    ScaleBiasAddRelu's dataZ, or conv1sc): conv1's data gradient must stay the sum's later input (GPU review 5,
+    section 5 item 3). nnvm's gradient pass orders the sum as the forward graph's depth-first order does, which
+    the joining operator's inputs set (the main branch first), not the order of the calls: checked on each path,
+    stock (NCHW float32), and on the stand-in build NHWC float16 with the fused BatchNorm and with NormConv units
+    (the shortcut first as the add's input, `addend + y`, fails the plain projection unit)."""
+    monkeypatch.setenv("MXNET_SUBGRAPH_BACKEND", "NONE")  # oneDNN's fusions would rename the forward nodes
+    layout, dtype = model.Layout("NCHW"), "float32"
+    if path != "plain":
+        gpu_build.install(monkeypatch)
+        layout, dtype = model.Layout("NHWC", fused=True, normconv_batch=2 if path == "NormConv" else 0), "float16"
+    channels, width = (32, 32) if projection else (64, 16)
+    unit = model.Bottleneck(layout, channels, width, 1, projection, False, "unit_", (4, 4))
+    unit.initialize()
+    unit.cast(dtype)
+    shape = (2, channels, 4, 4) if layout.name == "NCHW" else (2, 4, 4, channels)
+    graph = graph_of(unit(mx.sym.relu(mx.sym.var("data", dtype=dtype), name="pre")), data=shape,
+                     type_dict={"data": dtype})
+    nodes = {(op.startswith("_backward"), name): (op, inputs, deps) for op, name, inputs, deps in graph}
+    total = (True, "pre_backward")  # relu's backward reads the sum of its output's gradients, here or through the
+    while nodes[total][0] not in ("add_n", "ElementWiseSum"):  # one cast of the stand-in's twins (deduplicated)
+        total = next(key for key in nodes if key[1] == nodes[total][1][0])
+    terms = nodes[total][1]
+    forward = [nodes[True, term][2][0] for term in terms]  # each term's backward node depends on its forward node
+    conv1 = [name for (back, name), (_, inputs, _) in nodes.items()
+             if not back and (name.startswith("unit_conv1_") or "unit_conv1_weight" in inputs)]
+    assert len(terms) == 2 and forward[1] in conv1 and forward[0] not in conv1, (terms, forward, conv1)
+
+
+def test_a_gpu_whose_normconv_kernels_refuse_stops_the_build_in_one_line_naming_the_setting(monkeypatch):
+    """GPU review 5, section 4: on a GPU that NVIDIA's NormConv kernels do not list (here the stand-in build as SM 89:
+    ngc.NORMCONV_SM), the model's build runs them once and stops in one line naming RN50_NORMCONV=0, before the
+    warm-up's first forward would end in MXNet's error; with RN50_NORMCONV=0 it builds, the fused BatchNorm kept."""
+    from rn50_mx.errors import InputError
+
+    ctx = gpu_build.install(monkeypatch, sm=89)
+    s = Settings(device="gpu", input_layout="NHWC", dtype="float16", batch_size=2, image_shape="4,32,32",
+                 num_classes=4, standin="gpu", standin_sm=89)
+    with pytest.raises(InputError, match=r"^NVIDIA's NormConv kernels do not run on this GPU \(No fallback impl for "
+                                         r"unsupported NormConvolution configuration\.\): set RN50_NORMCONV=0$"):
+        model.build_model(s, ctx)
+    assert model.build_model(s.replace(normconv=False), ctx).bn0.fused

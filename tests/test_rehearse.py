@@ -143,6 +143,8 @@ def test_float32_nhwc_with_a_batch_schedule_from_the_first_epoch_trains_stops_an
     ("NF5688M6", ["--ranks", "100000"], {}, "--ranks=100000"),
     ("CPU", ["--quick"], {}, "DEVICE=cpu: not a GPU config"),
     ("NF5688M6", ["--quick"], {"DTYPE": "float8"}, "DTYPE"),
+    ("NF5688M6", ["--quick"], {"RN50_STANDIN_SM": "91"}, "RN50_STANDIN_SM=91: must be one of"),
+    ("NF5688M6", ["--quick"], {"RN50_STANDIN_SM": "sm_90"}, "RN50_STANDIN_SM='sm_90': expected int"),
 ])
 def test_bad_input_is_one_line(system, args, env, name):
     assert_one_line_naming(rehearse(system, *args, env=env, timeout=120), name)

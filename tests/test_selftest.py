@@ -242,3 +242,70 @@ def test_the_layout_precision_check_judges_bfloat16(fashion):
     train_it, _ = data.make_iters(s, 0, 1, 1, mx.cpu())
     detail = checks.layout_precision(s, mx.cpu(), checks.configured_network(s, mx.cpu()), next(iter(train_it)))
     assert "(NCHW bfloat16; " in detail and "run imperatively" in detail, detail
+
+
+def build_table(s, ctx):
+    from rn50_mx.selftest import build
+
+    return {row.name: (row.status, row.detail) for row in build.build_rows(s, ctx)}
+
+
+def test_the_build_rows_check_the_stand_ins_picture_and_name_the_setting_where_it_differs(monkeypatch):
+    """Issue 40: on the stand-in build (NVIDIA's as the rehearsal models it) the build's rows pass; where the installed
+    build differs from that picture, a row fails naming the assumption and the setting that avoids it: Gluon's
+    BatchNorm without NVIDIA's keys, a BatchNormAddRelu that lacks one of them, a GPU (SM 89) whose NormConv kernels
+    refuse. On stock MXNet, one line: not NVIDIA's build."""
+    from mxnet.gluon.nn import basic_layers
+
+    from rn50_mx import standin
+    from rn50_mx.config import Settings
+    from tests.support import gpu_build
+
+    assert build_table(Settings(), mx.cpu()) == {"NVIDIA build": (None, "not NVIDIA's build: MXNet 1.9.1 has neither "
+                                                 "BatchNorm(act_type) nor NVIDIA's fused operators, so the stand-ins' "
+                                                 "picture of that build is not checked here")}
+    s = Settings(device="gpu", input_layout="NHWC", dtype="float16", standin="gpu")
+    ctx = gpu_build.install(monkeypatch)
+    table = build_table(s, ctx)
+    assert list(table) == ["gluon layers", "fused operators", "None keywords", "kernels on this GPU"]
+    assert all(status for status, _ in table.values()), table
+    assert "ran in float16 NHWC on sm_80" in table["kernels on this GPU"][1]
+    assert "BatchNormAddRelu(act_type=None) refused" in table["None keywords"][1]
+    monkeypatch.setitem(standin.ngc.GPU, "sm", 90)  # an H100, as the 24.04 image is assumed to run them
+    assert build_table(s, ctx)["kernels on this GPU"][0] is True
+    monkeypatch.setitem(standin.ngc.GPU, "sm", 89)
+    status, detail = build_table(s, ctx)["kernels on this GPU"]
+    assert not status and "set RN50_NORMCONV=0; sm_89, which the stand-in assumes they refuse" in detail
+    real = standin.operator_arguments
+    monkeypatch.setattr(standin, "operator_arguments", lambda op: real(op)._replace(
+        names=[n for n in real(op).names if not (op == "BatchNormAddRelu" and n == "xbuf_ptr")]))
+    monkeypatch.setattr(basic_layers._BatchNorm, "__init__", basic_layers._BatchNorm.__init__.stock)
+    table = build_table(s, ctx)
+    assert table["gluon layers"][0] is False and "RN50_FUSED_BN=0 avoids them" in table["gluon layers"][1]
+    assert table["fused operators"] == (False, "BatchNormAddRelu lacks ['xbuf_ptr'], which the stand-in gives it: "
+                                               "RN50_FUSED_BN=0 avoids it")
+
+
+def test_the_stack_only_check_says_in_one_line_that_stock_mxnet_is_not_nvidias_build():
+    """`python -m rn50_mx.selftest --stack-only` with a GPU config, the minute's check in an image: on stock MXNet its
+    build row is the one line; nothing fails."""
+    result = sourced("NF5688M6", "python -m rn50_mx.selftest --stack-only", timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    assert rows(result.stdout)["NVIDIA build"][1].startswith("not NVIDIA's build: MXNet 1.9.1")
+
+
+def test_on_a_gpu_whose_normconv_kernels_refuse_the_self_test_says_so_in_rows_naming_the_setting(monkeypatch):
+    """The stand-in build as SM 89 (NORMCONV_SM does not list it): the kernels row and the network's build each fail
+    in one line naming RN50_NORMCONV=0, no traceback, and the checks that need the network are not run."""
+    from rn50_mx import selftest
+    from rn50_mx.config import Settings
+    from tests.support import gpu_build
+
+    gpu_build.install(monkeypatch)
+    s = Settings(device="gpu", input_layout="NHWC", dtype="float16", batch_size=2, image_shape="4,32,32",
+                 num_classes=4, standin="gpu", standin_sm=89)
+    table = {row.name: (row.status, row.detail) for row in selftest.device_checks(s, 1, 1, [])}
+    refusal = ("NVIDIA's NormConv kernels do not run on this GPU (No fallback impl for unsupported NormConvolution "
+               "configuration.): set RN50_NORMCONV=0")
+    assert table["network"] == (False, refusal) and table["kernels on this GPU"][1].startswith(refusal)
+    assert "layout/precision" not in table and "eval" not in table

@@ -10,10 +10,10 @@ from mxnet import autograd, gluon, nd
 
 from mxnet.ndarray import register
 
-from rn50_mx import model
+from rn50_mx import model, optim, standin
 from rn50_mx.config import Settings
 from rn50_mx.standin import ngc
-from tests.support import devices
+from tests.support import devices, gpu_build
 
 CTX = mx.cpu(1)  # a rank's stand-in device, not the default context
 HALF = dict(rtol=2e-2, atol=2e-2)  # float16 data, float32 compute
@@ -25,7 +25,7 @@ def fork(monkeypatch):
     keeps an operator's exception until a wait rethrows it, and a later test's waitall in the same process would
     (test_open's warm-up did, in the suite's worker after this file)."""
     for module, names in ((mx.nd, ngc.OPERATORS + ("BatchNorm",)), (mx.sym, ngc.OPERATORS + ("BatchNorm",)),
-                          (mx.base, ("get_last_ffi_error",))):
+                          (mx.base, ("get_last_ffi_error",)), (mx.operator, ("print",))):
         for name in names:
             monkeypatch.setattr(module, name, getattr(module, name, None), raising=False)
     ngc.install()
@@ -315,12 +315,15 @@ def test_batchnorm_act_type_other_than_relu_is_refused(fork):
 def test_batchnorm_add_relu_outside_float16_nhwc_is_refused(fork):
     """The fork's fallback computes a plain BatchNorm, silently (batch_norm_add_relu.cu:676-682)."""
     x, gamma, beta, mean, var = bn_inputs(dtype="float32")
-    refused("computes BatchNorm without the addend and the ReLU",
+    refused("compute BatchNorm without the addend and the ReLU",
             lambda: nd.BatchNormAddRelu(data=x, addend=x, gamma=gamma, beta=beta, moving_mean=mean, moving_var=var,
                                         axis=3))
     x16 = x.astype("float16")
-    refused("Cannot find argument 'act_type'", lambda: nd.BatchNormAddRelu(  # batch_norm_add_relu-inl.h:72-92
-        data=x16, addend=x16, gamma=gamma, beta=beta, moving_mean=mean, moving_var=var, axis=3, act_type="relu"))
+    for act_type in ("relu", None):  # batch_norm_add_relu-inl.h:72-92; None reaches the parser as "None"
+        refused("Cannot find argument 'act_type'", lambda: nd.BatchNormAddRelu(
+            data=x16, addend=x16, gamma=gamma, beta=beta, moving_mean=mean, moving_var=var, axis=3, act_type=act_type))
+        refused("Cannot find argument 'act_type'", lambda: mx.sym.BatchNormAddRelu(
+            data=mx.sym.var("x"), addend=mx.sym.var("z"), axis=3, act_type=act_type))
     refused("Shape inconsistent", lambda: nd.BatchNormAddRelu(data=x16, addend=x16[:1], gamma=gamma, beta=beta,
                                                               moving_mean=mean, moving_var=var, axis=3))
 
@@ -485,3 +488,35 @@ def test_the_whole_gpu_network_traces_onto_the_stand_ins(fork, monkeypatch):
                                                     "BNStatsFinalize_stats", "BNStatsFinalize", "ScaleBiasAddRelu")}
     assert graph.infer_type(data="float16")[1] == [np.float16]
     assert graph.infer_shape(data=(2, 64, 64, 3))[1] == [(2, 1000)]
+
+
+def test_nvidias_updater_hands_every_tensor_of_a_dtype_at_once_and_the_optimizers_cut_it(monkeypatch):
+    """NVIDIA's Updater makes one update_multi_precision call per dtype (sneaxiy/NVIDIA-MxNet@ce30b18 python/mxnet/
+    optimizer/optimizer.py:2208-2220), and its multi-tensor LARS kernels are lars_multi_*, holding 60 tensors
+    unchecked (src/operator/lars_multi_sgd-inl.h:156): the stand-in build hands 70 tensors at once and refuses more than
+    60 a kernel call. LARS cuts the call into aggregate_num pieces itself, SGD as the fork's does (optimizer.py:
+    629-672), and both give stock MXNet's update. LARS called NVIDIA's kernels by stock names before: AttributeError
+    on the stand-in build, and 70 tensors a call overran the kernel."""
+    rng = np.random.RandomState(0)
+    values = [(rng.uniform(-1, 1, (3, 3, 1, 1) if i % 2 else (3,)), rng.uniform(-1, 1, (3, 3, 1, 1) if i % 2 else (3,)))
+              for i in range(70)]
+
+    def step(make):
+        opt = make()
+        opt.aggregate_num = 54
+        updater = mx.optimizer.get_updater(opt)
+        weights = [nd.array(w, ctx=CTX) for w, _ in values]
+        for _ in range(2):
+            updater(list(range(70)), [nd.array(g, ctx=CTX) for _, g in values], weights)
+        return [w.asnumpy() for w in weights]
+
+    makers = (lambda: optim.LARS(momentum=0.9, eta=0.001, wd=1e-4, learning_rate=0.1),
+              lambda: optim.SGD(momentum=0.9, wd=1e-4, learning_rate=0.1))
+    stock = [step(make) for make in makers]
+    gpu_build.install(monkeypatch)
+    assert not hasattr(nd, "preloaded_multi_sgd_mom_update") and "lars_multi_mp_sgd_mom_update" in standin.operators()
+    with pytest.raises(mx.MXNetError, match="num_weights=61, more than the 60 tensors"):
+        nd.lars_multi_sgd_mom_update(*[nd.zeros((1,))] * (3 * 61 + 2), num_weights=61)
+    for make, expected in zip(makers, stock):
+        for got, want in zip(step(make), expected):
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)

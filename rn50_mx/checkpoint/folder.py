@@ -27,7 +27,7 @@ FINISHED = "finished"  # written when the run ends with run_stop: its checkpoint
 # chosen, the resolved dtype being compared); every other one must match the checkpoint's. The world size is compared
 # instead of the node and GPU counts.
 FREE = {"checkpoint_dir", "checkpoint_every", "save_model", "mllog_file", "disp_batches", "exit_timeout",
-        "cache_cleared", "submission_org", "dgxsystem", "dgxnnodes", "dgxngpu", "seed", "standin",
+        "cache_cleared", "submission_org", "dgxsystem", "dgxnnodes", "dgxngpu", "seed", "standin", "standin_sm",
         "bfloat16_fallback"}
 
 

@@ -46,9 +46,10 @@ def settings_problem(recorded, s, fields=MODEL_FIELDS):
 def save_model(net, path, s):
     """PATH-symbol.json and PATH-0000.params (HybridBlock.export) and PATH-settings.json (MODEL_FIELDS of `s`, which
     evaluate compares with its own), each written under a temporary name first. A
-    network run with NormConv exports NVIDIA's fused operators (NormConvolution, BNStatsFinalize,
-    ScaleBiasAddRelu, with the training batch in elem_count): only NVIDIA's MXNet loads that symbol; the
-    parameters, the same as the plain network's, load anywhere (evaluate --checkpoint-dir). A bfloat16 network keeps
+    symbol exported on NVIDIA's MXNet loads only there, NormConv or not: every BatchNorm node carries NVIDIA's
+    act_type, bn_group and xbuf_ptr (its Gluon's _kwargs), a fused run also its fused operators (a NormConv one
+    with the training batch in elem_count), all refused by stock MXNet's parser; the parameters, the same as the
+    plain network's, load anywhere (evaluate --checkpoint-dir). A bfloat16 network keeps
     its first operator, the cast of the float32 images, which Gluon's export drops unless told (MXNet 1.9.1
     gluon/block.py:1416, remove_amp_cast=True)."""
     tmp = files.temp_name(path)

@@ -30,7 +30,9 @@ GPU_ONLY = ("kernel speed (images/s): the stand-in's figures are a CPU's",
             "NCCL and the fabric: the allreduce here is Gloo on one machine",
             "GPU memory: MXNet's pool and cudaMalloc (rn50_mx.memory estimates it; the self-test compares on a GPU)",
             "DALI's mixed decoder (nvJPEG, the hardware decoder) and its GPU operators: DALI's CPU builds ran",
-            "CUDA graphs, the launchers' GPU binding and containers (make test runs the launchers on CPU configs)")
+            "CUDA graphs, the launchers' GPU binding and containers (make test runs the launchers on CPU configs)",
+            "the image's own MXNet: the stand-ins model NVIDIA's public fork (docs/rehearsal.md); in the image, "
+            "python -m rn50_mx.selftest --stack-only checks that picture")
 
 
 def parse_args(argv):
@@ -62,7 +64,8 @@ def rehearse(s, ranks, work, quick=False, own_data=False):
     """[Row] of every stage, in order (with `quick`, the run alone), on generated records or, with `own_data`, on
     the settings' data files; a stage whose input an earlier one failed to make is not run."""
     rows = [Row("config", True, f"{s.dgxsystem or 'sourced'}: {s.device} {s.input_layout} {s.dtype}, "
-                f"{s.optimizer}, batch {s.batch_size} x {s.world_size}")]
+                f"{s.optimizer}, batch {s.batch_size} x {s.world_size}; stand-in GPU sm_{s.standin_sm} "
+                "(RN50_STANDIN_SM)")]
     data = {"train": s.data_train, "val": s.data_val} if own_data else None
     if data is None:  # DATADIR's ImageNet is not read: each shrunk eval would read its whole val split
         data = planning.generated_records(os.path.join(work, "data"), s.num_classes)

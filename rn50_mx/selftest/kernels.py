@@ -11,6 +11,8 @@ import shutil
 import subprocess
 from collections import namedtuple
 
+from ..errors import one_line
+
 HOPPER_IMAGE = "nvcr.io/nvidia/mxnet:24.04-py3"  # the Dockerfile's base: kernels for A100 and H100/H200
 FIX = f"build the image (docker build -t rn50-mx ., from {HOPPER_IMAGE}) and run in it"
 # Compute capability major (and minor) -> architecture name (CUDA's GPU list).
@@ -88,14 +90,6 @@ def launch_error(mx, index):
     except Exception as err:  # noqa: BLE001 - MXNetError carries CUDA's message: it is the answer
         return one_line(str(err))
     return None if total == 48.0 else f"(x * 2 + 1).sum() gave {total}, not 48"
-
-
-def one_line(message):
-    """MXNet's error without its traceback lines, timestamps and source locations: the first line that says
-    something ("Operator _ones is not implemented for GPU.", "... no kernel image is available ...")."""
-    noise = re.compile(r"^(Traceback \(most recent call last\):|File \"|\[bt\]|Stack trace)")
-    lines = [re.sub(r"^(MXNetError: )?(\[\d\d:\d\d:\d\d\] \S+: )?", "", line.strip()) for line in message.splitlines()]
-    return next((line for line in lines if line and not noise.match(line)), "no message")[:300]
 
 
 def library_archs(path):

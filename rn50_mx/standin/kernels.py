@@ -15,6 +15,17 @@ import numpy as np
 from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP
 
 TWINS = ("Convolution", "FullyConnected")
+# The arguments NVIDIA's Convolution and FullyConnected declare beyond stock MXNet's, all choices of cuDNN's or
+# cuBLAS's algorithm and precision (sneaxiy/NVIDIA-MxNet@ce30b18 src/operator/nn/convolution-inl.h:106-147,
+# fully_connected-inl.h:87-120): its Gluon passes some of them (standin/python_layer.py); a twin takes them, as the
+# fork's parser does, and leaves them out of the CPU kernel they do not apply to.
+FORK_ARGUMENTS = {
+    "Convolution": ("cudnn_tensor_core", "cudnn_tensor_core_only", "cudnn_algo_verbose", "cudnn_algo_fwd",
+                    "cudnn_algo_bwd_data", "cudnn_algo_bwd_filter", "cudnn_algo_fwd_prec", "cudnn_algo_bwd_prec"),
+    "FullyConnected": ("cublas_algo_verbose", "cublas_off", "cublas_tensor_core", "cublas_algo_fwd",
+                       "cublas_algo_bwd_data", "cublas_algo_bwd_weights", "cublas_algo_fwd_prec",
+                       "cublas_algo_bwd_prec"),
+}
 NHWC_TO_NCHW, NCHW_TO_NHWC = (0, 3, 1, 2), (0, 2, 3, 1)
 
 
@@ -23,6 +34,8 @@ def twin(module, name):
     stock = getattr(module, name)
 
     def call(data, weight=None, bias=None, **kwargs):
+        for key in FORK_ARGUMENTS[name]:
+            kwargs.pop(key, None)
         if weight is None:  # Gluon's layers infer their weight shapes from a call with the data alone
             return stock(data, **kwargs)
         nhwc = kwargs.get("layout") == "NHWC"
@@ -49,8 +62,8 @@ def dtype_of(array):
 
 
 def install():
-    """mx.sym's and mx.nd's Convolution and FullyConnected replaced by their twins (Gluon's layers call
-    getattr(F, name) with F one of the two modules); idempotent."""
+    """mx.sym's and mx.nd's Convolution and FullyConnected replaced by their twins, which take NVIDIA's arguments
+    too (Gluon's layers call getattr(F, name) with F one of the two modules); idempotent."""
     for module in (mx.sym, mx.nd):
         for name in TWINS:
             if not hasattr(getattr(module, name), "stock"):

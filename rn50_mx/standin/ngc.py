@@ -5,9 +5,9 @@ autograd.
 
 A FAKE, named as one. Each computes the function we read in the fork's source, in float32 on the CPU, and refuses,
 with the fork's own message, what the fork's kernels refuse: dtype, layout/axis, act_type, shapes, grad_req kAddTo.
-It checks our wiring and those rules as read from the source; it says nothing of NVIDIA's kernels' numerics, speed,
-memory or GPU architecture (the NormConv and ScaleBiasAddRelu Supports() also ask for SM 70, 75, 80 or 86, which in
-this fork leaves an H100, SM 90, without them; the stand-in assumes an A100's 80).
+It checks our wiring and those rules as read from the source; it says nothing of NVIDIA's kernels' numerics, speed or
+memory. The GPU's compute capability is a setting (RN50_STANDIN_SM, default 80: an A100), checked against
+NORMCONV_SM, an assumption: see there.
 
 Source: NVIDIA's MXNet fork as mirrored in sneaxiy/NVIDIA-MxNet @ ce30b18 (1.8-based); every file cited is under its
 src/operator/nn/. Where the fork accepts an input and computes something else, or ignores grad_req kAddTo (it
@@ -65,6 +65,15 @@ CUDNN_ONLY = "Only cudnn-based {} supported."  # scale_bias_add_relu-inl.h:185, 
 IGNORES_ADD = ("{op}: grad_req 'add' on {name}: NVIDIA's kernel never reads req there and overwrites the gradient "
                "({where}); the stand-in refuses what would silently drop the sum")
 
+# The compute capabilities (major * 10 + minor) on which NormConvolution, NormalizedConvolution and ScaleBiasAddRelu
+# run. The public fork's Supports() lists 70, 75, 80 and 86 (cudnn/cudnn_norm_convolution-inl.h:465-468,
+# cudnn_normalized_convolution-inl.h:433-436, cudnn_scale_bias_add_relu-inl.h:410-413); 90 is ASSUMED for the
+# nvcr.io/nvidia/mxnet:24.04-py3 image, whose source is not public: NVIDIA's MLPerf v4.0 ResNet-50 ran these operators
+# on H100s in it (mlcommons/training_results_v4.0@62f111b NVIDIA/benchmarks/resnet/implementations/
+# eos_ngc24.04_mxnet: Dockerfile:15, symbols/resnet-v1b-mainloop-fl.py; its result_0.txt ended in success). The
+# self-test's "kernels" row checks it on the real GPU. NhwcBatchNorm(AddRelu) and BNStatsFinalize list none.
+NORMCONV_SM = (70, 75, 80, 86, 90)
+GPU = {"sm": 80}  # the stood-in GPU's compute capability (install)
 REQUIRED = object()
 REGISTERED = []  # the custom operators are registered once a process
 LAST_REFUSAL = [None]  # the message of the latest refusal inside a callback, for the MXNetError that surfaces
@@ -91,6 +100,17 @@ def with_refusal(get_last_ffi_error):
         return error
     get_error.standin = True
     return get_error
+
+
+def quiet_refusals(print_):
+    """MXNet's print of a custom operator's exception (mxnet/operator.py, forward_entry and the like), without the
+    traceback of a refusal: its message surfaces in the MXNetError (with_refusal), alone, as the fork's LOG(FATAL)
+    text does; any other exception is printed as MXNet prints it."""
+    def quiet(*args, **kwargs):
+        if not (args and f"{__name__}.Refusal:" in str(args[0])):
+            print_(*args, **kwargs)
+    quiet.standin = True
+    return quiet
 
 
 def guarded(callback):
@@ -347,12 +367,12 @@ class FusedBatchNormAddRelu(FusedBatchNorm):
     prop_name = "BatchNormAddRelu"
 
     def check(self, x):
-        """Outside NhwcBatchNormAddReluOp::Supports the fork runs its generic kernel (batch_norm_add_relu.cu:
-        676-682), which never reads the addend nor applies the ReLU (its kernels, :208-245, are BatchNorm's): a
-        plain BatchNorm, silently."""
+        """Outside NhwcBatchNormAddReluOp::Supports the fork runs its generic kernels (batch_norm_add_relu.cu:
+        676-682), which never read the addend nor apply the ReLU (the inference kernel, :208-245, and the training
+        one, :247-313, are BatchNorm's): a plain BatchNorm, silently."""
         if not nhwc_bn_supports(self.p, x):
-            refuse("BatchNormAddRelu outside float16 NHWC: NVIDIA's fallback kernel (batch_norm_add_relu.cu:"
-                   "676-682, kernels :208-245) computes BatchNorm without the addend and the ReLU; the stand-in "
+            refuse("BatchNormAddRelu outside float16 NHWC: NVIDIA's fallback kernels (batch_norm_add_relu.cu:"
+                   "676-682, kernels :208-313) compute BatchNorm without the addend and the ReLU; the stand-in "
                    "refuses what would be silently wrong")
 
 
@@ -402,15 +422,15 @@ class NormConv(StandIn):
     prop_name = "NormConvolution"
 
     def check(self, x):
-        """CuDNNNormConvolutionOp::Supports (cudnn/cudnn_norm_convolution-inl.h:455-503) and its twin
-        (cudnn_normalized_convolution-inl.h:423-471), else the fork's refusal (norm_convolution.cu:94-105,
+        """CuDNNNormConvolutionOp::Supports (cudnn/cudnn_norm_convolution-inl.h:455-503, the GPU's compute capability
+        as NORMCONV_SM assumes) and its twin (cudnn_normalized_convolution-inl.h:423-471), else the fork's refusal (norm_convolution.cu:94-105,
         136-152; normalized_convolution.cu:93-99 falls back to a class whose Init refuses,
         normalized_convolution-inl.h:171). Kernel rule as on Ampere (SM 80: 3x3 or 1x1, any stride); Volta's
         1x1 needs stride 1."""
         p = self.p
         supported = (p["layout"] == "NHWC" and len(p["kernel"]) == 2 and p["kernel"] in ((3, 3), (1, 1))
                      and p["dilate"] == (1, 1) and p["num_group"] == 1 and x.shape[-1] % 32 == 0
-                     and p["num_filter"] % 32 == 0 and x.dtype == np.float16)
+                     and p["num_filter"] % 32 == 0 and x.dtype == np.float16 and GPU["sm"] in NORMCONV_SM)
         if not supported:
             refuse((NO_FALLBACK if self.prop_name == "NormConvolution" else CUDNN_ONLY).format(self.prop_name))
 
@@ -598,10 +618,11 @@ class ScaleBiasAddRelu(StandIn):
     prop_name = "ScaleBiasAddRelu"
 
     def check(self, x):
-        """Supports (cudnn_scale_bias_add_relu-inl.h:401-423): NHWC, channels a multiple of 32, float16; else the
-        fork falls back to ScaleBiasAddReluOp, whose Init refuses (scale_bias_add_relu.cu:103-109,
-        scale_bias_add_relu-inl.h:185)."""
-        if self.p["layout"] != "NHWC" or x.shape[-1] % 32 != 0 or x.dtype != np.float16:
+        """Supports (cudnn_scale_bias_add_relu-inl.h:401-423): NHWC, channels a multiple of 32, float16, the compute
+        capability (NORMCONV_SM); else the fork falls back to ScaleBiasAddReluOp, whose Init refuses
+        (scale_bias_add_relu.cu:103-109, scale_bias_add_relu-inl.h:185)."""
+        if (self.p["layout"] != "NHWC" or x.shape[-1] % 32 != 0 or x.dtype != np.float16
+                or GPU["sm"] not in NORMCONV_SM):
             refuse(CUDNN_ONLY.format(self.prop_name))
 
     def inputs(self, in_data):
@@ -653,8 +674,10 @@ class ScaleBiasAddReluProp(Prop):
         return p
 
     def infer_shape(self, in_shape):
-        """The bitmask's size as the fork computes it (scale_bias_add_relu.cc:101-112); scale and bias per channel,
-        x's and z's of one shape (cudnn_scale_bias_add_relu-inl.h:579-584)."""
+        """The bitmask's size as the fork computes it (scale_bias_add_relu.cc:101-112). Every input's shape is
+        checked: the data of one shape, the scales, biases and statistics one per channel. That rule is the
+        stand-in's own, stricter than the fork, which compares only x_equiv_scale with x_equiv_bias, in the
+        single-scale fused-add mode (cudnn_scale_bias_add_relu-inl.h:579-584)."""
         data = tuple(in_shape[0])
         if len(data) != 4:
             refuse(f"Unexpected Tensor size {len(data)}, supporting only 3, 4 or 5.")
@@ -690,7 +713,11 @@ def mode_of(kwargs):
 
 
 def params_of(kwargs):
-    return {k: v for k, v in kwargs.items() if v is not None}
+    """The operator's parameters, a None among them kept: MXNet's generated functions hand every keyword outside
+    their signature to the operator's parser, None as "None" (apache/mxnet@1.9.1 python/mxnet/symbol/register.py:
+    211-217, ndarray/register.py:204-205, _ctypes/symbol.py:131), which refuses a key the operator lacks and reads
+    "None" as the default of one it has (parse_params)."""
+    return dict(kwargs)
 
 
 def symbol_function(op):
@@ -751,10 +778,16 @@ def builder(op):
 
 
 def fused_batchnorm(stock, module_function):
-    """BatchNorm: with act_type, the stand-in; without, MXNet's own, unchanged."""
+    """BatchNorm: with act_type, the stand-in; without, MXNet's own, given NVIDIA's BatchNorm arguments as the fork's
+    parser takes them (batch_norm-inl.h:117-127): act_type None (as NVIDIA's Gluon passes it), bn_group 1 and
+    xbuf_ptr 0, which the stand-in models (one GPU's statistics; no exchange buffer)."""
     def batchnorm(*args, **kwargs):
-        if kwargs.get("act_type") is None:
+        if kwargs.get("act_type") in (None, "None"):
             kwargs.pop("act_type", None)
+            for key, plain in (("bn_group", 1), ("xbuf_ptr", 0)):
+                value = kwargs.pop(key, plain)
+                if str(value) not in (str(plain), "None"):
+                    refuse(f"BatchNorm {key}={value}: the stand-in models {key}={plain} only")
             return stock(*args, **kwargs)
         return module_function(*args, **kwargs)
     batchnorm.stock = stock
@@ -763,13 +796,22 @@ def fused_batchnorm(stock, module_function):
 
 
 def batchnorm_arguments():
-    """BatchNorm's argument names in a stand-in build: stock MXNet's plus act_type (batch_norm-inl.h:117-123)."""
-    return list(mx.operator.get_operator_arguments("BatchNorm").names) + ["act_type"]
+    """BatchNorm's argument names in a stand-in build: stock MXNet's plus act_type, bn_group and xbuf_ptr
+    (batch_norm-inl.h:117-127)."""
+    return list(mx.operator.get_operator_arguments("BatchNorm").names) + ["act_type", "bn_group", "xbuf_ptr"]
 
 
-def install():
+def operator_arguments(op):
+    """The argument names the stand-in build gives operator `op` of OPERATORS: the arrays its NDArray function
+    declares, then the parameters the stand-in models (a subset of the fork's: those our network passes)."""
+    return list(ND_ARGUMENTS[op]) + list(PROPS[op].spec)
+
+
+def install(sm=80):
     """Register the stand-ins and put them on mx.sym and mx.nd under the fork's names (Gluon's hybrid_forward calls
-    F.<name> with F one of those modules); BatchNorm with act_type goes to the stand-in. Idempotent."""
+    F.<name> with F one of those modules); BatchNorm with act_type goes to the stand-in. `sm`: the stood-in GPU's
+    compute capability. Idempotent."""
+    GPU["sm"] = sm
     if not REGISTERED:
         for name, prop in PROPS.items():
             mx.operator.register(op_type(name))(prop)
@@ -781,3 +823,4 @@ def install():
             module.BatchNorm = fused_batchnorm(module.BatchNorm, make("BatchNorm"))
     if not getattr(mx.base.get_last_ffi_error, "standin", False):
         mx.base.get_last_ffi_error = with_refusal(mx.base.get_last_ffi_error)
+        mx.operator.print = quiet_refusals(print)
