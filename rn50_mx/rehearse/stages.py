@@ -136,8 +136,9 @@ def diverges(log):
     if found:
         first = {key: value for key, value, _ in reversed(events)}
         value, meta = found[0]
-        raise ConfigDiverges(f"diverges in {meta.get('steps')} steps at LR {first.get('opt_base_learning_rate')} with "
-                             f"OPTIMIZER={first.get('opt_name')} ({value}; training stopped itself at epoch "
+        lr = first.get(f"{first.get('opt_name')}_opt_base_learning_rate")  # the log's lars_... or sgd_...
+        raise ConfigDiverges(f"diverges in {meta.get('steps')} steps at LR {lr} with OPTIMIZER={first.get('opt_name')} "
+                             f"({value}; training stopped itself at epoch "
                              f"{meta.get('epoch_num')} step {meta.get('step')}): a finding about the settings that set "
                              "the step size, not a failure of the code")
 
