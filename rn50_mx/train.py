@@ -211,10 +211,10 @@ def stop_diverged(s, d, trainer, pos, why):
     settings = " ".join(f"{config.FIELDS[name].metadata['env']}={getattr(s, name)}" for name in STEP_SIZE)
     where = f"steps {why.first}-{why.last}" if why.first < why.last else f"step {why.last}"
     found = f"loss {why.loss:.4g} over the run's {where} on {why.ranks} of {why.world} rank(s)"
-    log.event("diverged", found, metadata={K.EPOCH_NUM: pos.epoch + 1, "step": pos.step, "steps": why.last})
     say(d, f"diverged at epoch {pos.epoch + 1} step {pos.step}: {found}, past any a learning run has "
            f"({checkpoint.stops.LOSS_LIMIT} ln {s.num_classes} = {checkpoint.loss_limit(s.num_classes):.1f}); its step "
            f"size: {settings} x {d.size} rank(s), lr {trainer.learning_rate:.4g} at the stop")
+    log.event("diverged", found, metadata={K.EPOCH_NUM: pos.epoch + 1, "step": pos.step, "steps": why.last})
     d.barrier()  # every rank stops here: a launcher ends every rank when one exits
     return checkpoint.DIVERGED
 
