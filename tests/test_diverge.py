@@ -57,7 +57,7 @@ def test_a_nan_loss_stops_the_run_within_8_steps_with_one_line_and_run_stop_abor
     assert bad is not None and bad < len(ran) <= bad + 8 and len(ran) % checkpoint.stops.CHECK_PERIOD == 0, (bad, ran)
     [line] = diverged_lines(result.stdout)
     assert line.startswith(f"diverged at epoch 1 step {len(ran)}: loss nan over the run's steps "), line
-    assert "on 1 of 1 rank(s)" in line and "(100 ln 3 = 109.9)" in line, line
+    assert "on 1 of 1 rank(s)" in line and "(1000 ln 3 = 1098.6)" in line, line
     assert "OPTIMIZER=sgd LR=1e+30 WARMUP_EPOCHS=0.0 BATCHSIZE=4 x 1 rank(s)" in line, line
     lines = events(log)
     assert [key for key, _, _ in lines[-2:]] == ["diverged", "run_stop"], lines[-3:]
@@ -83,7 +83,7 @@ def test_a_divergence_after_the_last_check_of_an_epoch_leaves_no_checkpoint(tmp_
 
 def test_two_ranks_stop_at_the_same_step_when_one_rank_s_loss_goes_past_the_limit_first(tmp_path):
     """Two Gloo ranks launched with different learning rates (a launch whose ranks got different environments: rank 1
-    LR 20, rank 0 LR 0): rank 1's loss on its own synthetic batch goes past 100 ln 3 at its second step while rank 0's
+    LR 20, rank 0 LR 0): rank 1's loss on its own synthetic batch goes past 1000 ln 3 at its second step while rank 0's
     stays near ln 3 (its update is LR x the summed gradient, nothing at LR 0). Both ranks stop at the same step, the one
     line says 1 of 2 ranks went past, and the ranks' stop barrier met (each rank counted the same checks). The old code
     trained both epochs on both ranks."""
@@ -106,7 +106,7 @@ def test_two_ranks_stop_at_the_same_step_when_one_rank_s_loss_goes_past_the_limi
 def test_config_cpu_at_sgd_lr_1000_stops_and_the_launchers_name_the_trial_diverged(three_classes, tmp_path):
     """config/CPU.sh with OPTIMIZER=sgd LR=1000 DTYPE=float32 (on the demo data its loss was 3.8e24 after epoch 1,
     finite, and it trained all its epochs), shrunk to the tiny set, through run_with_docker.sh: training stops itself
-    (the loss past 100 ln 3, finite), run_and_time.sh says the loss diverged and exits 78, the timing table shows the
+    (the loss past 1000 ln 5, finite), run_and_time.sh says the loss diverged and exits 78, the timing table shows the
     run as diverged and the trial loop's summary names the trial diverged. The old code trained its 3 epochs and
     called the trial a run that did not converge."""
     logs = tmp_path / "logs"

@@ -28,7 +28,7 @@ requests in a tiny allreduce that is read at the next check, so that no step wai
 at the same update end, write a checkpoint there and exit 75 (rn50_mx/exit_codes.sh states the codes).
 Without a folder the default actions end a rank at once (dist.py says why).
 The same allreduce carries each rank's verdict on its loss since the check before: when it was NaN, infinite or past
-100 ln C on any rank, every rank stops at that same update end, run_stop aborted, and exits 78; no checkpoint is
+1000 ln C over the ranks, every rank stops at that same update end, run_stop aborted, and exits 78; no checkpoint is
 written of a state that has not passed that check (Stops.settle), so none holds a diverged state.
 
 The parts: disk.py (durable writes, the checks of meta.json), folder.py (the lock, the choice, writing and reading,
