@@ -67,7 +67,7 @@ class Run:
     compliance: str = ""  # SUCCESS / FAILED
     compliance_reason: str = ""  # the checker's first complaint, on one line
     division: Optional[str] = None  # submission_division: closed, or open for a run with open-division levers
-    diverged: Optional[str] = None  # the run's own verdict that its loss diverged (its `diverged` line), run_stop aborted
+    diverged: Optional[str] = None  # training's verdict that the loss diverged (its `diverged` line; run_stop aborted)
 
     @property
     def resumed(self):

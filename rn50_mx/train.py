@@ -375,7 +375,8 @@ def main():
     settings = config.load(sys.argv[1:])
     status = run(settings)
     arm_exit_alarm(settings.exit_timeout)
-    return {checkpoint.RESUMABLE: checkpoint.RESUMABLE_EXIT, checkpoint.DIVERGED: checkpoint.DIVERGED_EXIT}.get(status, 0)
+    codes = {checkpoint.RESUMABLE: checkpoint.RESUMABLE_EXIT, checkpoint.DIVERGED: checkpoint.DIVERGED_EXIT}
+    return codes.get(status, 0)
 
 
 if __name__ == "__main__":

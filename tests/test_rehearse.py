@@ -72,8 +72,9 @@ def test_a_config_whose_loss_diverges_is_a_finding_of_the_train_stage(tmp_path):
     status, detail = rows(result.stdout)["train"]
     assert status == "FAIL" and detail.startswith("the config diverges in "), detail
     last = result.stdout.strip().splitlines()[-1]
-    assert re.match(r"rehearse: the config diverges in \d+ steps at LR 10\.5 with OPTIMIZER=sgd \(loss .*\): a finding "
-                    r"about the settings that set the step size, not a failure of the code \(train stage\)$", last), last
+    assert re.match(r"rehearse: the config diverges in \d+ steps at LR 10\.5 with OPTIMIZER=sgd \(loss .*\): a "
+                    r"finding about the settings that set the step size, not a failure of the code \(train stage\)$",
+                    last), last
     assert "rehearse: no stage failed in the code" in result.stdout
 
 

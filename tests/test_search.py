@@ -138,15 +138,15 @@ def test_the_search_takes_training_s_own_verdict_on_divergence(tmp_path):
     ended count as one that missed the target)."""
     s = Settings(num_classes=3, num_epochs=3, warmup_epochs=0, lr=1e30)
     log = tmp_path / "seed.log"
-    lines = [("run_start", None, {}), ("diverged", "loss nan over the run's steps 1-4 on 1 of 1 rank(s)",
-                                       {"epoch_num": 1, "step": 8, "steps": 4}), ("run_stop", None, {"status": "aborted"})]
+    said = "loss nan over the run's steps 1-4 on 1 of 1 rank(s)"
+    lines = [("run_start", None, {}), ("diverged", said, {"epoch_num": 1, "step": 8, "steps": 4}),
+             ("run_stop", None, {"status": "aborted"})]
     log.write_text("".join(':::MLLOG {"namespace": "", "time_ms": %d, "event_type": "POINT_IN_TIME", "key": "%s", '
                            '"value": %s, "metadata": %s}\n' % (i, key, json.dumps(value), json.dumps(meta))
                            for i, (key, value, meta) in enumerate(lines)))
     run = timing.read_run(str(log), "1.0.0")
-    said = "diverged at epoch 1 step 8: loss nan over the run's steps 1-4 on 1 of 1 rank(s)"
-    assert trials.verdict(run, s, [], 0.75) == said
-    assert trials.verdict(run, s, [], 0.75, running=False) == said
+    assert trials.verdict(run, s, [], 0.75) == f"diverged at epoch 1 step 8: {said}"
+    assert trials.verdict(run, s, [], 0.75, running=False) == f"diverged at epoch 1 step 8: {said}"
 
 
 @pytest.mark.slow

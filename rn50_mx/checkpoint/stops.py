@@ -16,10 +16,11 @@ LOSS_LIMIT = 1000  # times a uniform guess's loss, ln C: past it no learning run
 
 
 def loss_limit(num_classes):
-    """The mean loss per image a learning run never reaches: 1000 times a uniform guess's (ln C: 2303 for 10 classes,
-    6908 for 1000). Not 100 times: the suite's tiny runs (2 images a rank, BatchNorm over 2, LARS at LR 0.5) reach
-    100-400 per image and finish. A diverging loss grows by orders of magnitude in a few steps (config/CPU.sh at LR 1000:
-    9.1e3 to 2.1e4 over its first 4 steps, 3.8e24 after epoch 1), so a bound 10 times higher costs it a check at most."""
+    """The mean loss per image a learning run never reaches: 1000 times a uniform guess's (ln C: 2303 for 10
+    classes, 6908 for 1000). Not 100 times: the suite's tiny runs (2 images a rank, BatchNorm over 2, LARS at LR 0.5)
+    reach 100-400 per image and finish. A diverging loss grows by orders of magnitude in a few steps (config/CPU.sh at
+    LR 1000: 9.1e3 to 2.1e4 over its first 4 steps, 3.8e24 after epoch 1): a bound 10 times higher costs a check at
+    most."""
     return LOSS_LIMIT * math.log(num_classes)
 
 

@@ -122,7 +122,8 @@ def main():
     print(table(rows))
     failed = [r.name for r in rows if r.status is False and not r.detail.startswith(DIVERGES)]
     found = [f"{r.detail} ({r.name} stage)" for r in rows if r.status is False and r.detail.startswith(DIVERGES)]
-    verdict = f"FAILED: {', '.join(failed)}" if failed else "every stage ran" if not found else "no stage failed in the code"
+    verdict = "no stage failed in the code" if found else "every stage ran"
+    verdict = f"FAILED: {', '.join(failed)}" if failed else verdict
     print(f"rehearse: {verdict} in {time.time() - tic:.0f} s on stand-ins; what only a GPU can show is listed above, "
           "and this says nothing of whether the GPU run will work", flush=True)
     for line in found:
