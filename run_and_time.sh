@@ -7,8 +7,10 @@
 #   run_stop status success    success (exit 0), even when a process then hung on its way out and was ended by
 #                              its exit alarm (horovodrun then exits 1)
 #   resumable_stop             stopped after writing a checkpoint (SIGTERM/SIGUSR1): exit 75, "stopped, resumable"
-#   anything else              failed: training's exit code (1 when it was 0, e.g. run_stop aborted); no
-#                              ENDING/RESULT lines
+#   diverged                   training stopped on a diverged loss (run_stop aborted): exit 78, "the loss diverged"
+#   run_stop aborted           the target was not reached: exit 1, "a trial that did not converge"
+#   anything else              failed: training's exit code (1 when it was 0); no ENDING/RESULT lines
+# The codes are rn50_mx/exit_codes.sh's.
 #
 # Usage: source config/<SYSTEM>.sh; DATADIR=<folder with train.rec/.idx, val.rec/.idx> ./run_and_time.sh
 #
@@ -27,6 +29,8 @@
 set -euo pipefail
 
 SELF=$(readlink -f "${BASH_SOURCE[0]}")
+# shellcheck source=rn50_mx/exit_codes.sh
+source "${SELF%/*}/rn50_mx/exit_codes.sh"
 
 # --- one rank: bind it, then exec the training command ------------------------------------------------------
 
@@ -138,7 +142,11 @@ if [[ "$leader" == 1 ]]; then
     stopped_as=$(mllog_value run_stop)
     if [[ -n "$(mllog_value resumable_stop)" ]]; then
         echo "run_and_time.sh: stopped, resumable (checkpoint $(mllog_value resumable_stop))" >&2
-        exit 75
+        exit "$RESUMABLE_EXIT"
+    elif [[ -n "$(mllog_value diverged)" ]]; then
+        echo "run_and_time.sh: the loss diverged ($(mllog_value diverged)): the settings that set the step size" \
+             "do not train; training stopped there (run_stop aborted)" >&2
+        exit "$DIVERGED_EXIT"
     elif [[ "$stopped_as" == success && "$status" != 0 ]]; then
         echo "run_and_time.sh: training exited with code ${status} after run_stop success (a process hung on its" \
              "way out and was ended by its exit alarm): the run is complete" >&2
@@ -146,15 +154,15 @@ if [[ "$leader" == 1 ]]; then
     elif [[ "$stopped_as" == aborted && "$status" == 0 ]]; then
         echo "run_and_time.sh: the run ended without reaching the target (run_stop aborted): a trial that did not" \
              "converge" >&2
-        exit 1
+        exit "$MISSED_EXIT"
     elif [[ "$stopped_as" != success ]]; then
         echo "run_and_time.sh: training failed (exit code ${status}; run_stop ${stopped_as:-missing})" >&2
         exit $(( status == 0 ? 1 : status ))
     fi
 elif (( status == 142 )); then  # another task under srun: 128 + SIGALRM, the exit alarm after run_stop
     status=0
-elif (( status == 75 )); then  # another task under srun, stopped resumable with the leader (which says so)
-    exit 75
+elif (( status == RESUMABLE_EXIT || status == DIVERGED_EXIT )); then  # another task under srun, stopped with
+    exit "$status"                                                       # the leader (which says why)
 fi
 if (( status != 0 )); then
     echo "run_and_time.sh: training failed with exit code ${status}" >&2

@@ -13,6 +13,7 @@ setup(
     version="0.1.0",
     description="MXNet/Gluon reimplementation of the MLPerf Training v1.0 ResNet-50 submission",
     packages=find_packages(include=["rn50_mx", "rn50_mx.*"]),
+    package_data={"rn50_mx": ["exit_codes.sh"]},  # the exit codes, read by rn50_mx.exits and the launchers
     python_requires=">=3.10",
     install_requires=[
         # MXNet 1.9.1 still uses np.bool/np.int/np.object, which numpy 1.24 removed.

@@ -10,12 +10,15 @@
 #   run_tool CMD   runs a one-off command (the settings check, the timing tool) where rn50_mx is installed
 #   DATA_SEEN_AS, LOGS_SEEN_AS   DATADIR and LOGDIR as run_tool sees them
 #   on_resumable_stop (optional)  called when a trial stopped resumable (exit 75), before the loop exits 75
+# The exit codes of a trial's outcomes are rn50_mx/exit_codes.sh's.
 #
 # A trial stopped resumable leaves LOGDIR/DATESTAMP.resume (the trial, its seed, the seeds and failures before it): the
 # next launch with the same LOGDIR and DATESTAMP (run.sub's requeued job) resumes that trial, its output appended to
 # the trial's log (the resumed run finds its checkpoint in RN50_CHECKPOINT_DIR and logs resumed_from), then goes on
 # with the trials after it.
 
+# shellcheck source=rn50_mx/exit_codes.sh
+source "$(dirname "${BASH_SOURCE[0]}")/rn50_mx/exit_codes.sh"
 say_error() { echo "${LAUNCHER}: $*" >&2; }
 die() { say_error "$@"; exit 2; }
 
@@ -247,7 +250,7 @@ stop_group() {
 }
 
 run_trials() {
-    local i seed logs=() seen_logs=()
+    local i seed logs=() seen_logs=() diverged=()
     # Fail before any trial on a bad setting or a missing data file: one line naming it.
     # A stopped trial to resume: its checkpoint must be there (else it would start afresh and the state be lost).
     local resuming=()
@@ -278,20 +281,26 @@ run_trials() {
         if (( trial_status == 74 )); then
             say_error "no further trial runs: its log would be lost too"
             exit 1
-        elif (( trial_status == 75 )); then
+        elif (( trial_status == RESUMABLE_EXIT )); then
             stopped_resumable "$i" "$seed"
             say_error "trial ${i} of ${NEXP}: stopped, resumable; no further trial runs"
             if declare -F on_resumable_stop >/dev/null; then on_resumable_stop; fi
-            exit 75
+            exit "$RESUMABLE_EXIT"
         elif (( trial_status != 0 )); then
             failed+=("$i")
+            if (( trial_status == DIVERGED_EXIT )); then diverged+=("$i"); fi
         fi
         rm -f "$RESUME_STATE"  # kept until the resumed trial has ended: a launch stopped before it resumes it again
     done
     echo "Logs: ${logs[*]}"
     run_tool python -m rn50_mx.timing "${seen_logs[@]}" || say_error "no timing summary"
     if (( ${#failed[@]} > 0 )); then
-        say_error "trial(s) ${failed[*]} of ${NEXP} failed"
+        local why=""
+        if (( ${#diverged[@]} > 0 )); then
+            why="; ${diverged[*]} diverged (each log says at which step and loss): the settings that set the step size"
+            why+=" do not train"
+        fi
+        say_error "trial(s) ${failed[*]} of ${NEXP} failed${why}"
         exit 1
     fi
 }

@@ -81,7 +81,8 @@ class Collectives:
     def host_sum(self, values):
         """The sum over ranks of a few host integers (seeds, counts, flags), as an int32 array on the host (int32 as
         the reference's MPI reductions); not waited for: read it (asnumpy, asscalar) when the value is needed, as
-        checkpoint.Stops does a check period later so that the allreduce overlaps the steps."""
+        checkpoint.Stops reads its own check (allreduce_sum of a few floats) a check period later, so that the allreduce
+        overlaps the steps."""
         return self.allreduce_sum(mx.nd.array(values, ctx=HOST, dtype="int32"))
 
 

@@ -67,6 +67,7 @@ class Run:
     compliance: str = ""  # SUCCESS / FAILED
     compliance_reason: str = ""  # the checker's first complaint, on one line
     division: Optional[str] = None  # submission_division: closed, or open for a run with open-division levers
+    diverged: Optional[str] = None  # training's verdict that the loss diverged (its `diverged` line; run_stop aborted)
 
     @property
     def resumed(self):
@@ -144,7 +145,7 @@ def read_run(path, ruleset):
     if starts > 1 + resumes:  # a resumed run continues its run's log: one run_start per part
         raise InputError(f"{path}: holds {starts} runs (run_start {starts} times); a log scores one run: give "
                          "each run its own file")
-    first, evals, speed, epoch, status = {}, [], {}, None, "missing"
+    first, evals, speed, epoch, status, diverged = {}, [], {}, None, "missing", None
     for line in lines:
         value, meta = line.value["value"], line.value["metadata"] or {}
         first.setdefault(line.key, value)
@@ -157,6 +158,8 @@ def read_run(path, ruleset):
         point_epoch, rate = images_per_second(line.key, value, meta, epoch)
         if point_epoch is not None:
             speed[point_epoch] = rate  # throughput and tracked_stats repeat each other in the v1.0 logs
+        if line.key == "diverged":
+            diverged = f"diverged at epoch {meta.get('epoch_num')} step {meta.get('step')}: {value}"
         if line.key == "run_stop":
             status = meta.get("status", "no status")
             break
@@ -173,6 +176,7 @@ def read_run(path, ruleset):
         benchmark=first.get("submission_benchmark"),
         platform=first.get("submission_platform"),
         division=first.get("submission_division"),
+        diverged=diverged,
         unparsed_lines=len(unparsed),
         evals=evals,
         throughput=[[e, speed[e]] for e in sorted(speed)],
@@ -223,6 +227,8 @@ def drop_reason(run):
     """Why the score drops this run."""
     if run.resumed:
         return f"{RESUMED} (not one uninterrupted run)"
+    if run.diverged:
+        return run.diverged
     return f"run_stop {run.status}" if run.status != "success" else "failed the compliance check"
 
 
@@ -372,11 +378,13 @@ def format_rcp(rcp, ruleset):
 def format_report(report):
     """The runs as a table, then the checker's reasons for failed runs, the score and the RCP verdict."""
     table = [["run", "division", "minutes", "status", "conv.epoch", "top-1", "seed", f"checker {report['ruleset']}"]]
-    table += [[run["name"], str(run["division"]), number(run["minutes"], ".3f"), run["status"],
-               number(run["converged_epoch"], ""), number(run["top1"], ".4f"), number(run["seed"], ""),
-               run["compliance"]] for run in report["runs"]]
+    table += [[run["name"], str(run["division"]), number(run["minutes"], ".3f"),
+               "diverged" if run["diverged"] else run["status"], number(run["converged_epoch"], ""),
+               number(run["top1"], ".4f"), number(run["seed"], ""), run["compliance"]] for run in report["runs"]]
     rows = columns(table)
     for run in report["runs"]:
+        if run["diverged"]:
+            rows.append(f"{run['name']}: {run['diverged']}")
         if run["compliance_reason"]:
             rows.append(f"{run['name']}: {run['compliance_reason']}")
         if run["unparsed_lines"]:

@@ -48,9 +48,10 @@ def train_step(net, loss_fn, trainer, batch, update=None):
 
 def train_epoch(net, loss_fn, trainer, train_it, pos, s, stops, average, updates=None):
     """The local shard's pass of epoch `pos.epoch` from step `pos.step` (0, or where a resumed run stopped), the
-    weight EMA `average` following the updates; returns (images/s, data-wait share, mean loss), or None when the ranks
-    agreed to stop (`pos` says where). With --batch-schedule (`updates`, an updates.Updates) the EMA, the progress
-    line and the stop agreement come at the ends of updates only, so that a stop never falls inside one."""
+    weight EMA `average` following the updates; returns (images/s, data-wait share, mean loss), or why the ranks
+    agreed to stop (`stops`: RESUMABLE or a Divergence; `pos` says where). With --batch-schedule (`updates`, an
+    updates.Updates) the EMA, the progress line and the stop agreement come at the ends of updates only, so that a
+    stop never falls inside one."""
     epoch, steps = pos.epoch, train_it.steps_per_epoch
     if pos.step == 0:
         log.start(K.EPOCH_START, metadata={K.EPOCH_NUM: epoch + 1})
@@ -60,6 +61,7 @@ def train_epoch(net, loss_fn, trainer, train_it, pos, s, stops, average, updates
     factor = updates.factor(epoch) if updates else 1
     tic = time.time()
     loss_sum, images, resumed = mx.nd.array([pos.loss], ctx=train_it.context), pos.images, pos.images
+    stops.begin(loss_sum, images, epoch * steps + pos.step)  # the loss it judges at each check
     for batch in train_it:
         size = updates.size(epoch, train_it.position) if updates else None
         loss_sum += train_step(net, loss_fn, trainer, batch, size)
@@ -72,9 +74,10 @@ def train_epoch(net, loss_fn, trainer, train_it, pos, s, stops, average, updates
         if pos.step % s.disp_batches == 0 and log.is_rank0():
             loss_sum.wait_to_read()  # the engine runs behind Python: wait for it, or the speed is fiction
             progress(epoch, pos.step, steps, (images - resumed) / (time.time() - tic), trainer.learning_rate)
-        if stops.agreed(epoch * steps + pos.step, factor):
+        why = stops.agreed(epoch * steps + pos.step, images, factor)
+        if why:
             pos.loss, pos.images = float(loss_sum.asscalar()), images
-            return None
+            return why
     mean_loss = loss_sum.asscalar() / max(images, 1)  # the one sync point of the epoch
     seconds = time.time() - tic
     log.end(K.EPOCH_STOP, metadata={K.EPOCH_NUM: epoch + 1})
@@ -136,12 +139,12 @@ def eval_epochs(s):
 
 def fit(s, d, net, loss_fn, trainer, train_it, val_it, pos, saver, average=ema.Off()):
     """Epochs in blocks that end with an eval (of the weight EMA `average` when on), from `pos` (a resumed run's
-    Position, or a new one); returns the run_stop status, or checkpoint.RESUMABLE after a stop the ranks agreed on.
-    Training stops after the last eval: epochs no eval would judge cannot change the outcome (the reference trained
-    them, then aborted)."""
+    Position, or a new one); returns the run_stop status, or checkpoint.RESUMABLE or DIVERGED after a stop the ranks
+    agreed on. Training stops after the last eval: epochs no eval would judge cannot change the outcome (the reference
+    trained them, then aborted)."""
     evals = eval_epochs(s)
     last = evals[-1] if evals and val_it is not None else s.epoch_limit - 1
-    stops = checkpoint.Stops(d) if saver else checkpoint.NoStops()
+    stops = checkpoint.Stops(d, checkpoint.loss_limit(s.num_classes), signals=bool(saver))
     updates = Updates.of(s, train_it.steps_per_epoch)  # --batch-schedule's, or None
     for epoch in range(pos.epoch, last + 1):
         pos.epoch = epoch
@@ -149,8 +152,11 @@ def fit(s, d, net, loss_fn, trainer, train_it, val_it, pos, saver, average=ema.O
             count = next(e for e in evals if e >= pos.first) - pos.first + 1 if evals else s.epoch_limit
             log.start(K.BLOCK_START, metadata={K.FIRST_EPOCH_NUM: pos.first + 1, K.EPOCH_COUNT: count})
         result = train_epoch(net, loss_fn, trainer, train_it, pos, s, stops, average, updates)
-        if result is None:
-            return stop_resumable(d, saver, pos)
+        if result == checkpoint.RESUMABLE:
+            why = stops.settle()  # the steps since the check that agreed: no checkpoint of a diverged state
+            return stop_diverged(s, d, trainer, pos, why) if why else stop_resumable(d, saver, pos)
+        if isinstance(result, checkpoint.Divergence):
+            return stop_diverged(s, d, trainer, pos, result)
         speed, wait, loss = result
         log.event("throughput", speed * d.size, metadata={K.EPOCH_NUM: epoch + 1})
         line = f"epoch {epoch + 1}: {speed * d.size:.1f} img/s, data wait {wait:.1%}, loss {loss:.4f}"
@@ -167,6 +173,9 @@ def fit(s, d, net, loss_fn, trainer, train_it, val_it, pos, saver, average=ema.O
         say(d, line)
         pos.epoch, pos.step, pos.loss, pos.images = epoch + 1, 0, 0.0, 0
         if saver and saver.periodic(epoch) and epoch < last:
+            why = stops.settle()
+            if why:
+                return stop_diverged(s, d, trainer, checkpoint.Position(epoch, train_it.steps_per_epoch), why)
             try:
                 say(d, f"checkpoint: {saver.save(pos)}")
             except InputError as err:  # the run goes on: the previous checkpoint stays current
@@ -191,6 +200,23 @@ def stop_resumable(d, saver, pos):
     say(d, f"stopped at epoch {pos.epoch + 1} step {pos.step}: resume from {folder}")
     d.barrier()  # no rank exits before the checkpoint is current: a launcher ends every rank when one exits
     return checkpoint.RESUMABLE
+
+
+STEP_SIZE = ("optimizer", "lr", "warmup_epochs", "batch_size")  # the settings that set the step size
+
+
+def stop_diverged(s, d, trainer, pos, why):
+    """The one line and the MLPerf event that say the loss diverged (`why`, a Divergence), at `pos`, where every rank
+    stops; no checkpoint is written."""
+    settings = " ".join(f"{config.FIELDS[name].metadata['env']}={getattr(s, name)}" for name in STEP_SIZE)
+    where = f"steps {why.first}-{why.last}" if why.first < why.last else f"step {why.last}"
+    found = f"loss {why.loss:.4g} over the run's {where} on {why.ranks} of {why.world} rank(s)"
+    say(d, f"diverged at epoch {pos.epoch + 1} step {pos.step}: {found}, past any a learning run has "
+           f"({checkpoint.stops.LOSS_LIMIT} ln {s.num_classes} = {checkpoint.loss_limit(s.num_classes):.1f}); its step "
+           f"size: {settings} x {d.size} rank(s), lr {trainer.learning_rate:.4g} at the stop")
+    log.event("diverged", found, metadata={K.EPOCH_NUM: pos.epoch + 1, "step": pos.step, "steps": why.last})
+    d.barrier()  # every rank stops here: a launcher ends every rank when one exits
+    return checkpoint.DIVERGED
 
 
 def rank_seed(s, d):
@@ -252,7 +278,7 @@ def arm_exit_alarm(seconds):
 
 
 def run(s):
-    """The whole timed run; returns the run_stop status, or checkpoint.RESUMABLE."""
+    """The whole timed run; returns the run_stop status, or checkpoint.RESUMABLE or DIVERGED."""
     d = dist.init(s)
     with checkpoint.model_output(s, d):  # checked and owned before any work
         saver = checkpoint.Checkpoints(s, d) if s.checkpoint_dir else None
@@ -319,10 +345,10 @@ def train_on(s, d, ctx, base_seed, seed, saver):
     mx.nd.waitall()  # the last update's allreduces: a rank that exits with collectives queued fails its peers'
     if status == checkpoint.RESUMABLE:
         return status
-    log.end(K.RUN_STOP, metadata={K.STATUS: status})
+    log.end(K.RUN_STOP, metadata={K.STATUS: K.ABORTED if status == checkpoint.DIVERGED else status})
     if saver:
         saver.finish(status)
-    if s.save_model:
+    if s.save_model and status != checkpoint.DIVERGED:  # a diverged model is no run's result
         with average.swapped_in():  # the weights the evals judged
             if not (eval_epochs(s) and val_it is not None) or average.state() is not None:
                 one_model(net, d)  # otherwise the last eval made it one model already (the EMA's is swapped back)
@@ -349,7 +375,8 @@ def main():
     settings = config.load(sys.argv[1:])
     status = run(settings)
     arm_exit_alarm(settings.exit_timeout)
-    return checkpoint.RESUMABLE_EXIT if status == checkpoint.RESUMABLE else 0
+    codes = {checkpoint.RESUMABLE: checkpoint.RESUMABLE_EXIT, checkpoint.DIVERGED: checkpoint.DIVERGED_EXIT}
+    return codes.get(status, 0)
 
 
 if __name__ == "__main__":

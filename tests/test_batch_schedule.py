@@ -137,7 +137,13 @@ def schedule_worker(out, *flags):
 
     train.train_step, hvd.DistributedTrainer._allreduce_grads, train.fit = recording_step, counting, fit_and_save
     ema.Off.update = lambda self, n: calls["ema"].append(n)
-    checkpoint.NoStops.agreed = lambda self, step, factor=1: calls["stops"].append([step, factor]) and False
+    agreed = checkpoint.Stops.agreed
+
+    def recording_agreed(self, step, images, factor=1):
+        calls["stops"].append([step, factor])
+        return agreed(self, step, images, factor)
+
+    checkpoint.Stops.agreed = recording_agreed
     sys.argv = ["rn50_mx.train", *flags]
     run_cli(train.main, "rn50_mx.train")
 

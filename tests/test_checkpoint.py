@@ -342,8 +342,8 @@ FORGED = [  # issue 28 item 5: (name, file, edit, what the refusal says)
      "its settings are not this version's (--image-shape='3,x,32': expected C,H,W"),
     ("rank position epoch not meta's", "rank0.json", json_edit(with_value(10**6, "position", "epoch")),
      "rank0.json: position epoch 1000000 step 2 is not meta.json's epoch 1 step 2"),
-    ("rank position loss NaN", "rank0.json", json_edit(with_value(float("nan"), "position", "loss")),
-     "rank0.json: position first 1 or loss nan is not a run's"),
+    ("rank position first past its epoch", "rank0.json", json_edit(with_value(5, "position", "first")),
+     "rank0.json: position first 5 is past its epoch, 1"),
     ("rank position with an unknown field", "rank0.json", json_edit(with_value(1, "position", "extra")),
      "rank0.json's position holds 'extra', an unknown field"),
     ("rank position images past its steps", "rank0.json", json_edit(with_value(10**9, "position", "images")),
@@ -378,6 +378,19 @@ def test_a_checkpoint_that_passes_its_crc_but_does_not_load_is_refused(two_check
     assert chosen == os.path.join(folder, f"step-{STEPS}"), line
     assert line.startswith(f"rn50_mx: {folder}/step-{STEPS + 2}: refused (") and why in line, line
     assert line.endswith(f"; using step-{STEPS}") and "\n" not in line, line
+
+
+def test_a_checkpoint_whose_loss_is_nan_says_the_run_had_diverged(recs, two_checkpoints, tmp_path):
+    """A checkpoint holding a NaN loss (written before training stopped on a diverged loss; issue 43's rehearsal made
+    one): the resume stops in one line saying the run had diverged, and at which step; it does not fall back to the
+    checkpoint before, which would diverge again. The old code refused it as "position first 1 or loss nan is not a
+    run's", and resumed from the one before."""
+    folder = str(copy_of(two_checkpoints, tmp_path))
+    nan_loss = json_edit(with_value(float("nan"), "position", "loss"))
+    forge(os.path.join(folder, f"step-{STEPS + 2}"), "rank0.json", nan_loss)
+    train_refused(recs, folder, f"--checkpoint-dir {folder}: step-{STEPS + 2}: rank0.json: the run had diverged (loss "
+                  f"nan at step {STEPS + 2}); its checkpoints are not resumed")
+    assert sorted(os.listdir(folder)) == ["lock", f"step-{STEPS}", f"step-{STEPS + 2}"]  # none set aside
 
 
 @pytest.mark.slow

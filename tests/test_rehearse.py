@@ -7,6 +7,7 @@ whose rehearsal fails on the code before, and the command's refusals."""
 import contextlib
 import glob
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -58,6 +59,25 @@ def test_the_shipped_config_rehearses_end_to_end(tmp_path):
     assert "bit-identical" in table["stop and resume"][1] and "the run's last eval" in table["evaluate"][1]
     assert GPU_ONLY_WORDS in result.stdout and "GPU only" in result.stdout
     assert "8 ranks (1 x 8) -> 2 on this machine" in result.stdout
+
+
+@pytest.mark.slow
+def test_a_config_whose_loss_diverges_is_a_finding_of_the_train_stage(tmp_path):
+    """Issue 43's case: NF5688M6 (an LR scaled for LARS) with plain SGD without momentum, --quick on one rank. Training
+    stops itself on the diverged loss, and the rehearsal ends by saying that the config diverges, in how many steps at
+    which LR with which optimizer, as a finding of the train stage and not a stage failed in the code (exit 78). The old
+    code trained on: its train stage passed, and only its stop-and-resume stage failed (on a NaN checkpoint that it
+    called forged)."""
+    result = rehearse("NF5688M6", "--quick", "--ranks", "1", "--work", str(tmp_path / "work"),
+                      env={"OPTIMIZER": "sgd", "MOM": "0"})
+    assert result.returncode == 78, result.stdout[-3000:] + result.stderr[-2000:]
+    status, detail = rows(result.stdout)["train"]
+    assert status == "FAIL" and detail.startswith("the config diverges in "), detail
+    last = result.stdout.strip().splitlines()[-1]
+    assert re.match(r"rehearse: the config diverges in \d+ steps at LR 10\.5 with OPTIMIZER=sgd \(loss .*\): a "
+                    r"finding about the settings that set the step size, not a failure of the code \(train stage\)$",
+                    last), last
+    assert "rehearse: no stage failed in the code" in result.stdout
 
 
 def sourced(path, **env):

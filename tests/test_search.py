@@ -6,7 +6,9 @@ and the eval offset (a closed-division knob) decides the epochs a run scores. Th
 the winner known: EVAL_OFFSET 0 scores 1 epoch, the sourced 1 scores 2.
 """
 import contextlib
+import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -118,30 +120,52 @@ def test_a_tiny_search_finds_the_better_set_and_writes_a_fragment_the_check_acce
 def test_top1_near_chance_within_the_warmup_is_not_divergence():
     """The demo's search (bench/search.py, warmup 1 epoch): LR 4.4 was cut as diverged at epoch 1's 0.0981 against
     the best curve's 0.2017, between LRs 4.0 and 4.8 that both converged. Within the warmup such a run goes on; at
-    chance past it, it is cut; NaN is cut at once."""
+    chance past it, it is cut as behind, not as diverged (training's verdict); NaN is cut at once."""
     s = Settings(num_classes=10, num_epochs=4, warmup_epochs=1, lr=4.0)
     best = [[[1, 0.2017], [2, 0.6544], [3, 0.7427], [4, 0.7646]]]
 
     def run(*evals):
         return timing.Run("trial.log", None, "missing", None, evals[-1][1], 1, 128, None, None, 0, list(evals), [])
 
-    assert trials.verdict(run([1, 0.0981]), "", s, best, 0.75) == ""
-    assert trials.verdict(run([1, 0.0981], [2, 0.11]), "", s, best, 0.75) == trials.DIVERGED
-    assert trials.verdict(run([1, float("nan")]), "", s, best, 0.75) == trials.DIVERGED
-    assert trials.verdict(run([1, 0.15], [2, 0.66]), "", s, best, 0.75) == ""
+    assert trials.verdict(run([1, 0.0981]), s, best, 0.75) == ""
+    assert trials.verdict(run([1, 0.0981], [2, 0.11]), s, best, 0.75) == trials.BEHIND
+    assert trials.verdict(run([1, float("nan")]), s, best, 0.75) == trials.BEHIND
+    assert trials.verdict(run([1, 0.15], [2, 0.66]), s, best, 0.75) == ""
+
+
+def test_the_search_takes_training_s_own_verdict_on_divergence(tmp_path):
+    """One verdict: a run whose log says that its loss diverged (training stopped itself: `diverged`, then run_stop
+    aborted) ends its trial with training's own words, whether the driver sees it still running or already ended; a
+    run's epoch lines are not parsed (the old code cut a trial on 'loss nan' in its output, and let a run that had
+    ended count as one that missed the target)."""
+    s = Settings(num_classes=3, num_epochs=3, warmup_epochs=0, lr=1e30)
+    log = tmp_path / "seed.log"
+    said = "loss nan over the run's steps 1-4 on 1 of 1 rank(s)"
+    lines = [("run_start", None, {}), ("diverged", said, {"epoch_num": 1, "step": 8, "steps": 4}),
+             ("run_stop", None, {"status": "aborted"})]
+    log.write_text("".join(':::MLLOG {"namespace": "", "time_ms": %d, "event_type": "POINT_IN_TIME", "key": "%s", '
+                           '"value": %s, "metadata": %s}\n' % (i, key, json.dumps(value), json.dumps(meta))
+                           for i, (key, value, meta) in enumerate(lines)))
+    run = timing.read_run(str(log), "1.0.0")
+    assert trials.verdict(run, s, [], 0.75) == f"diverged at epoch 1 step 8: {said}"
+    assert trials.verdict(run, s, [], 0.75, running=False) == f"diverged at epoch 1 step 8: {said}"
 
 
 @pytest.mark.slow
 def test_a_diverging_trial_is_stopped_at_once_and_leaves_no_process(tiny_data, tmp_path):
-    """An SGD learning rate of 1e30 makes the loss NaN in the first epoch: the trial is stopped there (its 3 epochs
-    are not run), told to the study as pruned, and nothing of it keeps running."""
+    """An SGD learning rate of 1e30 makes the loss NaN in the first epoch: training stops itself within a few steps
+    (its 3 epochs are not run), the trial is told to the study as pruned in training's own words (the old code parsed
+    'loss nan' from the epoch lines and called it 'diverged'), and nothing of it keeps running."""
     env = environ(tiny_data, OPTIMIZER="sgd", LR="1e30", ACCURACY_THRESHOLD="0.99")
     result = search(tmp_path, env, "--knob", "LR=1e29:1e30", "--trials", "1", "--finalists", "0")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.splitlines()[0].endswith("-> PRUNED (diverged)")
+    said = re.search(r"-> PRUNED \((diverged at epoch \d+ step \d+: loss nan over the run's steps [\d-]+ on 1 of 1 "
+                     r"rank\(s\))\)$", result.stdout.splitlines()[0])
+    assert said, result.stdout
     [trial] = study_trials(tmp_path)
-    assert trial.state.name == "PRUNED" and trial.user_attrs["why"] == "diverged"
-    assert "epoch 3:" not in (tmp_path / "res" / "CPU.trials" / "0000" / "seed100000.out").read_text()
+    assert trial.state.name == "PRUNED" and trial.user_attrs["why"] == said[1]
+    out = (tmp_path / "res" / "CPU.trials" / "0000" / "seed100000.out").read_text()
+    assert "epoch 2:" not in out and f"{said[1]}, past any" in out  # training stopped itself: its own line
     assert leftovers(tmp_path) == []
 
 

@@ -25,8 +25,11 @@ found corrupt falls back to it); older ones are deleted. DIR/lock keeps a second
 Stopping: with a checkpoint folder, SIGTERM and SIGUSR1 (what Slurm's --signal sends before the time limit) only ask
 for a stop. Every CHECK_PERIOD steps (with --batch-schedule, at every update end of several steps) the ranks sum their
 requests in a tiny allreduce that is read at the next check, so that no step waits for it; all ranks see the same sum
-at the same update end, write a checkpoint there and exit 75.
-Without a folder nothing changes: the default actions end a rank at once (dist.py says why).
+at the same update end, write a checkpoint there and exit 75 (rn50_mx/exit_codes.sh states the codes).
+Without a folder the default actions end a rank at once (dist.py says why).
+The same allreduce carries each rank's verdict on its loss since the check before: when it was NaN, infinite or past
+1000 ln C over the ranks, every rank stops at that same update end, run_stop aborted, and exits 78; no checkpoint is
+written of a state that has not passed that check (Stops.settle), so none holds a diverged state.
 
 The parts: disk.py (durable writes, the checks of meta.json), folder.py (the lock, the choice, writing and reading,
 and which settings a resumed run must share with its checkpoint's), trainer_file.py (the optimizer's state),
@@ -36,9 +39,10 @@ from ..errors import InputError
 from .disk import first_line, read_meta
 from .folder import Checkpoints, Position, lock, model_arrays, newest_usable, refuse_ended, set_params
 from .model_file import CHECKPOINT_FIELDS, MODEL_FILES, load_model, model_output, save_model, settings_problem
-from .stops import RESUMABLE, RESUMABLE_EXIT, NoStops, Stops, default_signals
+from ..exits import DIVERGED_EXIT, RESUMABLE_EXIT
+from .stops import DIVERGED, RESUMABLE, Divergence, Stops, default_signals, loss_limit
 
 __all__ = ["InputError", "first_line", "read_meta", "Checkpoints", "Position", "lock", "model_arrays",
            "newest_usable", "refuse_ended", "set_params", "model_output", "CHECKPOINT_FIELDS", "MODEL_FILES",
-           "save_model", "load_model", "settings_problem", "RESUMABLE", "RESUMABLE_EXIT", "NoStops", "Stops",
-           "default_signals"]
+           "save_model", "load_model", "settings_problem", "RESUMABLE", "RESUMABLE_EXIT", "DIVERGED", "DIVERGED_EXIT",
+           "Divergence", "Stops", "default_signals", "loss_limit"]

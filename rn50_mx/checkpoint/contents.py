@@ -29,6 +29,11 @@ class Bad(Exception):
     """What is wrong with a checkpoint: refused, one line."""
 
 
+class Diverged(Bad):
+    """A checkpoint whose run had diverged (its loss not finite: written before runs stopped on a diverged loss): the
+    run is not resumed from it, nor from an older one, which would diverge again."""
+
+
 def kind_name(kind):
     return " or ".join(k.__name__ for k in kind) if isinstance(kind, tuple) else kind.__name__
 
@@ -95,6 +100,8 @@ def load_problem(folder, meta):
             if averaged[rank]:
                 check_arrays(folder, f"rank{rank}.ema", expected, every=False, as_type=np.dtype("float32"))
             check_rank_state(folder, f"rank{rank}.json", meta, s)
+    except Diverged:
+        raise
     except Bad as bad:
         return str(bad)
     return None
@@ -219,8 +226,11 @@ def check_rank_state(folder, name, meta, s):
     if (position["epoch"], position["step"]) != (meta["epoch"], meta["step"]):
         raise Bad(f"{name}: position epoch {position['epoch']} step {position['step']} is not meta.json's epoch "
                   f"{meta['epoch']} step {meta['step']}")
-    if position["first"] > position["epoch"] or not math.isfinite(position["loss"]):
-        raise Bad(f"{name}: position first {position['first']} or loss {position['loss']} is not a run's")
+    if not math.isfinite(position["loss"]):
+        step = os.path.basename(folder).removeprefix("step-")
+        raise Diverged(f"{name}: the run had diverged (loss {position['loss']} at step {step})")
+    if position["first"] > position["epoch"]:
+        raise Bad(f"{name}: position first {position['first']} is past its epoch, {position['epoch']}")
     if position["images"] > position["step"] * s.batch_size:
         raise Bad(f"{name}: position images {position['images']} above step {position['step']} x batch "
                   f"{s.batch_size}")

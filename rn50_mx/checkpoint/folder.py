@@ -16,7 +16,7 @@ import numpy as np
 from .. import config, dist, ema, files, mlperf_log
 from ..errors import InputError
 from . import trainer_file
-from .contents import dali_problem
+from .contents import Diverged, dali_problem
 from .disk import META, first_line, fsync_path, problem, read_json, read_meta, summary, write_bytes
 
 STEP = re.compile(r"^step-(\d+)$")
@@ -296,7 +296,11 @@ def newest_usable(folder, set_aside=True, deeper=lambda path: None):
                   file=sys.stderr)
     found, refused = complete(folder), []
     for path in reversed(found):
-        why = problem(path) or deeper(path)
+        try:
+            why = problem(path) or deeper(path)
+        except Diverged as err:
+            raise InputError(f"--checkpoint-dir {folder}: {os.path.basename(path)}: {err}; its checkpoints are not "
+                             "resumed (an older one would diverge again): give other settings and another folder")
         if why is None:
             for bad, reason in refused:
                 if set_aside:

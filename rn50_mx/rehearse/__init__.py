@@ -11,7 +11,9 @@ twins of the kernels the CPU lacks; NVIDIA's fused BatchNorm and NormConv operat
 fork's kernels refuse. Stages: the whole run (warm-up, evals on the schedule with the BatchNorm-statistics average,
 --save-model), SIGTERM mid-epoch with a checkpoint and an exact resume, `evaluate` on the saved model, the self-test
 and the input tuner's timing.
-One table; exit 1 when a stage fails. It never says that the GPU run will work: only that this code path runs.
+One table; exit 1 when a stage fails; a config whose loss diverges is a finding about the config (the train stage
+says in how many steps, at which LR, with which optimizer), which ends the rehearsal with exit 78 when no stage
+failed. It never says that the GPU run will work: only that this code path runs.
 """
 import os
 import sys
@@ -20,6 +22,7 @@ import time
 
 from .. import children, config
 from ..errors import InputError
+from ..exits import DIVERGED_EXIT
 from ..selftest.report import Row, table
 from . import plan as planning
 from . import stages
@@ -33,6 +36,9 @@ GPU_ONLY = ("kernel speed (images/s): the stand-in's figures are a CPU's",
             "CUDA graphs, the launchers' GPU binding and containers (make test runs the launchers on CPU configs)",
             "the image's own MXNet: the stand-ins model NVIDIA's public fork (docs/rehearsal.md); in the image, "
             "python -m rn50_mx.selftest --stack-only checks that picture")
+
+
+DIVERGES = "the config"  # the detail of a stage whose run found the config's loss diverging (stages.ConfigDiverges)
 
 
 def parse_args(argv):
@@ -90,6 +96,9 @@ def attempt(rows, name, stage, *args):
     except stages.StageFailed as err:
         rows.append(Row(name, False, str(err)))
         return None
+    except stages.ConfigDiverges as finding:
+        rows.append(Row(name, False, f"{DIVERGES} {finding}"))
+        return None
     detail, value = result if isinstance(result, tuple) else (result, True)
     rows.append(Row(name, True, f"{detail} [{time.time() - tic:.0f} s]"))
     return value
@@ -118,9 +127,13 @@ def main():
             children.remove_after(work)
             rows = rehearse(s, args.ranks, work, args.quick, own_data(flags))
     print(table(rows))
-    failed = [r.name for r in rows if r.status is False]
-    verdict = f"FAILED: {', '.join(failed)}" if failed else "every stage ran"
+    failed = [r.name for r in rows if r.status is False and not r.detail.startswith(DIVERGES)]
+    found = [f"{r.detail} ({r.name} stage)" for r in rows if r.status is False and r.detail.startswith(DIVERGES)]
+    verdict = "no stage failed in the code" if found else "every stage ran"
+    verdict = f"FAILED: {', '.join(failed)}" if failed else verdict
     print(f"rehearse: {verdict} in {time.time() - tic:.0f} s on stand-ins; what only a GPU can show is listed above, "
           "and this says nothing of whether the GPU run will work", flush=True)
-    return 1 if failed else 0
+    for line in found:
+        print(f"rehearse: {line}", flush=True)
+    return 1 if failed else DIVERGED_EXIT if found else 0
 

@@ -25,6 +25,11 @@ class StageFailed(Exception):
     """A stage's one-line verdict."""
 
 
+class ConfigDiverges(Exception):
+    """A finding about the config, not a failure of the code: its loss diverged, and training stopped itself there
+    (its log's `diverged` line); one line saying in how many steps, at which LR, with which optimizer."""
+
+
 def horovodrun(ranks):
     """horovodrun starting `ranks` Gloo ranks on this machine: this Python's, found as the self-test finds it (beside
     sys.executable, else on PATH); one line when there is none."""
@@ -113,7 +118,11 @@ def mllog(path):
 def train(plan, work):
     """The whole run, nothing stopping it, its model saved: the reference every later stage compares with."""
     log, model = os.path.join(work, "run.log"), os.path.join(work, "model")
-    text = run(command(plan, "rn50_mx.train", mllog_file=log, save_model=model), os.path.join(work, "run.out"))
+    try:
+        text = run(command(plan, "rn50_mx.train", mllog_file=log, save_model=model), os.path.join(work, "run.out"))
+    except StageFailed:
+        diverges(log)
+        raise
     events = mllog(log)
     evals = [v for k, v, _ in events if k == "eval_accuracy"]
     stops = [m.get("status") for k, _, m in events if k == "run_stop"]
@@ -122,6 +131,20 @@ def train(plan, work):
     speeds = re.findall(r"epoch \d+: ([\d.]+) img/s", text)
     return (f"{len(evals)} eval(s) on the schedule, run_stop aborted (no target), model saved; "
             f"{speeds[-1] if speeds else '?'} img/s (stand-in: no GPU figure)"), dict(model=model, evals=evals)
+
+
+def diverges(log):
+    """ConfigDiverges when the run's MLPerf log says that its loss diverged."""
+    events = mllog(log) if os.path.isfile(log) else []
+    found = [(value, meta) for key, value, meta in events if key == "diverged"]
+    if found:
+        first = {key: value for key, value, _ in reversed(events)}
+        value, meta = found[0]
+        lr = first.get(f"{first.get('opt_name')}_opt_base_learning_rate")  # the log's lars_... or sgd_...
+        raise ConfigDiverges(f"diverges in {meta.get('steps')} steps at LR {lr} with OPTIMIZER={first.get('opt_name')} "
+                             f"({value}; training stopped itself at epoch "
+                             f"{meta.get('epoch_num')} step {meta.get('step')}): a finding about the settings that set "
+                             "the step size, not a failure of the code")
 
 
 def stop_and_resume(plan, work, reference):

@@ -177,9 +177,11 @@ class Driver:
                 slot.reported.add((len(slot.runs), epoch))
                 if len(slot.runs) == 1 and top1 is not None:
                     slot.trial.report(top1, epoch)
-        why = trials.verdict(state, run.output(), slot.s, self.curves(), self.args.prune_share) if not run.done() else ""
+        if state and state.diverged and not run.done():
+            return False  # training stops itself on a diverged loss: its run_stop and its exit come next
+        why = trials.verdict(state, slot.s, self.curves(), self.args.prune_share, running=not run.done())
         if why:
-            run.stop(why)
+            run.stop(why)  # a run that stopped itself has ended: nothing left to end
             slot.pruned = why
             return self.end(slot, optuna.trial.TrialState.PRUNED)
         if not run.done():

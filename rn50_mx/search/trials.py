@@ -2,14 +2,13 @@
 seed's MLPerf log in the trial's folder, read as it grows with timing's parser."""
 import math
 import os
-import re
 
 from .. import config, timing
 from ..errors import InputError
 from . import launchers
 
 PENALTY = 2  # epochs added to the horizon for a seed that does not reach the target (MLPerf counts no such run)
-DIVERGED, RANKED = "diverged", "pruned"
+BEHIND, RANKED = "behind: top-1 under half the best curve's", "pruned"
 
 
 class Run:
@@ -74,26 +73,24 @@ def minutes_to_target(run, s):
     return run.minutes if run.status == "success" else run.minutes * (s.num_epochs + PENALTY) / s.num_epochs
 
 
-NOT_FINITE = re.compile(r"^(?:\[\d+\]<stdout>:)?epoch \d+: .*loss (?:nan|inf|-inf)\b", re.M)
-
-
-def verdict(run, out, s, curves, share):
-    """DIVERGED, RANKED or "" for a run in progress (`out`: its output so far). Diverged: an epoch's loss is not
-    finite, or, past the warmup, top-1 under half the best finished curve's at the same epoch where that one is well
-    above chance (within the warmup top-1 near chance is normal: on the demo, epoch 1 of 8 trials gave 0.098-0.202,
-    and LR 4.4 was cut there at 0.098 between LRs 4.0 and 4.8 that converged). Ranked out: after `share` of the
-    horizon, top-1 more than 0.02 under that best (early top-1 ranks runs badly: measured on the demo,
-    docs/search.md)."""
-    if NOT_FINITE.search(out):
-        return DIVERGED
-    if run is None or not run.evals:
+def verdict(run, s, curves, share, running=True):
+    """Why the search ends the trial of a run (timing's Run of its log so far), or "": the run's own verdict when its
+    loss diverged (training stops itself there and says so in its log: one verdict, training's, whatever the run's
+    state); while it is `running`, BEHIND when, past the warmup, its top-1 is under half the best finished curve's
+    at the same epoch where that one is well above chance (within the warmup top-1 near chance is normal: on the
+    demo, epoch 1 of 8 trials gave 0.098-0.202, and LR 4.4 was cut there at 0.098 between LRs 4.0 and 4.8 that
+    converged), or RANKED after `share` of the horizon, its top-1 more than 0.02 under that best (early top-1 ranks
+    runs badly: measured on the demo, docs/search.md)."""
+    if run is not None and run.diverged:
+        return run.diverged
+    if not running or run is None or not run.evals:
         return ""
     epoch, top1 = run.evals[-1]
     best = max((dict((e, t) for e, t in curve).get(epoch, -1.0) for curve in curves), default=-1.0)
     if top1 is None or math.isnan(top1):
-        return DIVERGED
+        return BEHIND
     if epoch > s.warmup_epochs and best > 2.0 / s.num_classes and top1 < best / 2:
-        return DIVERGED
+        return BEHIND
     if epoch >= share * s.num_epochs and best >= 0 and top1 < best - 0.02:
         return RANKED
     return ""
