@@ -125,6 +125,8 @@ def parse_log(path, ruleset):
     except (KeyError, TypeError) as err:  # the parser gives up on JSON without key or time_ms
         raise InputError(f"{path}: malformed MLLOG line ({type(err).__name__}: {err})") from None
     for line in lines:
+        if not isinstance(line.value.get("metadata"), (dict, type(None))):
+            raise InputError(f"{path}: {line.key}'s metadata {line.value['metadata']!r:.60} is not a JSON object")
         allowed = RULE_FILE_VALUES.get(line.key)
         value = line.value.get("value") if isinstance(line.value, dict) else None  # v['value'] in the rules' POSTs
         if allowed and value not in allowed:
@@ -163,6 +165,8 @@ def read_run(path, ruleset):
         if line.key == "run_stop":
             status = meta.get("status", "no status")
             break
+    if status == "success":  # run_stop is the verdict: a `diverged` line before a success was not training's
+        diverged = None
     if resumes:  # the rules time one uninterrupted run; the parts' run_start..run_stop is no such time
         status = RESUMED
     return Run(

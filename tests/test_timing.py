@@ -11,7 +11,7 @@ import pytest
 from tests.support.procs import PYTHONPATH, assert_one_line_naming
 from tests.support.timing import FIXTURE, edited_fixture, report_of
 from rn50_mx import files, timing
-from rn50_mx.errors import run_cli
+from rn50_mx.errors import InputError, run_cli
 
 SHARED = Path(__file__).parents[2] / "shared/fixtures/mlperf-v1.0/Inspur/results/nf5688m6_mxnet/resnet"
 NAMES = [f"result_{i}.txt" for i in range(1, 6)]
@@ -278,3 +278,34 @@ def test_a_log_without_a_division_line_is_called_so(tmp_path):
     folder = edited_fixture(tmp_path, {"result_1.txt": ('"key": "submission_division"', '"key": "no_division"')})
     verdict = report_of([folder])["score"]["verdict"]
     assert verdict.startswith("no score: the runs are not of one division (no division line: result_1.txt; closed: ")
+
+
+
+RUN_STOP_1 = ':::MLLOG {"namespace": "", "time_ms": 1623783706683, "event_type": "INTERVAL_END", "key": "run_stop"'
+
+
+def planted(key, value, metadata):
+    """The fixture logs, result_1.txt with an MLLOG line planted just before its run_stop (success)."""
+    line = (':::MLLOG {"namespace": "", "time_ms": 1623783706683, "event_type": "POINT_IN_TIME", '
+            f'"key": "{key}", "value": {value}, "metadata": {metadata}}}')
+    return {"result_1.txt": (RUN_STOP_1, line + "\n" + RUN_STOP_1)}
+
+
+def test_a_planted_diverged_line_before_run_stop_success_is_not_the_verdict(tmp_path):
+    """Training writes `diverged` then run_stop aborted: run_stop is the verdict. A `diverged` line someone else put
+    before a run_stop success (its step not a number) leaves the run a success, scored. The old code showed it as
+    diverged, and the search (trials.verdict) pruned it as diverged."""
+    folder = edited_fixture(tmp_path, planted("diverged", '"planted"', '{"epoch_num": 3, "step": "abc", "steps": -1}'))
+    run = timing.read_run(str(folder / "result_1.txt"), "1.0.0")
+    assert run.status == "success" and run.diverged is None, run
+    report = report_of([folder])
+    assert report["score"]["minutes"] is not None and "result_1" not in report["score"]["verdict"], report["score"]
+
+
+@pytest.mark.parametrize("metadata", ['"notadict"', "[1]", "3"])
+def test_mllog_metadata_that_is_not_an_object_is_one_line(tmp_path, metadata):
+    """A `diverged` line (or any) whose metadata is not a JSON object: one line naming the file, not an
+    AttributeError traceback from every command that reads the log (timing, the search reading its trials)."""
+    folder = edited_fixture(tmp_path, planted("diverged", '"x"', metadata))
+    with pytest.raises(InputError, match=r"result_1.txt: diverged's metadata .* is not a JSON object"):
+        timing.read_run(str(folder / "result_1.txt"), "1.0.0")
