@@ -321,3 +321,17 @@ def test_a_fifo_as_the_val_rec_is_one_line_in_evaluate(shared, stopped_checkpoin
     assert result.stderr.strip().splitlines()[-1] == (f"rn50_mx.evaluate: error: {data / 'val.rec'}: a FIFO (named "
                                                       "pipe), not a regular file: cannot read it")
     assert result.returncode == 2 and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("edit", [("DIVERGED_EXIT=78", "DIVERGED_EXIT=seventy"), ("DIVERGED_EXIT=78", "DIVERGED_EXIT=75")])
+def test_an_edited_exit_codes_file_is_one_line_in_every_command(tmp_path, edit):
+    """rn50_mx/exit_codes.sh, read at import by rn50_mx.exits (issue 43), edited (a code not a number, two codes
+    alike) in a copy of the package: one line naming the file, exit 2, not a KeyError traceback at
+    every command that imports checkpoint; a code read wrong would pass a stop off as another outcome."""
+    shutil.copytree(os.path.join(ROOT, "rn50_mx"), tmp_path / "rn50_mx", ignore=shutil.ignore_patterns("__pycache__"))
+    codes = tmp_path / "rn50_mx" / "exit_codes.sh"
+    codes.write_text(codes.read_text().replace(*edit))
+    result = subprocess.run(py("rn50_mx.train", "--help"), env={"PATH": ENV_PATH, "PYTHONPATH": str(tmp_path)},
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 2 and re.fullmatch(rf"rn50_mx: error: {re.escape(str(codes))}: \w+_EXIT.*reinstall "
+                                                   r"rn50_mx\n", result.stderr), result.stderr[-2000:]
