@@ -348,6 +348,8 @@ FORGED = [  # issue 28 item 5: (name, file, edit, what the refusal says)
      "rank0.json's position holds 'extra', an unknown field"),
     ("rank position images past its steps", "rank0.json", json_edit(with_value(10**9, "position", "images")),
      "rank0.json: position images 1000000000 above step 2 x batch"),
+    ("rank position loss past float32", "rank0.json", json_edit(with_value(1e300, "position", "loss")),
+     "rank0.json: position loss 1e+300 is past float32's range"),
     ("rank train iterator past the step", "rank0.json", json_edit(with_value(10**6, "iters", "train", "position")),
      "rank0.json's train iterator: position 1000000 is not the step, 2"),
     ("rank skipped records not keys", "rank0.json", json_edit(with_value(["x"], "iters", "train", "skipped")),

@@ -229,6 +229,8 @@ def check_rank_state(folder, name, meta, s):
     if not math.isfinite(position["loss"]):
         step = os.path.basename(folder).removeprefix("step-")
         raise Diverged(f"{name}: the run had diverged (loss {position['loss']} at step {step})")
+    if position["loss"] > np.finfo(np.float32).max:  # the resumed run's float32 sum would be inf: a divergence
+        raise Bad(f"{name}: position loss {position['loss']} is past float32's range, in which training sums it")
     if position["first"] > position["epoch"]:
         raise Bad(f"{name}: position first {position['first']} is past its epoch, {position['epoch']}")
     if position["images"] > position["step"] * s.batch_size:
