@@ -96,7 +96,8 @@ def find_logs(paths):
     found = []
     for path in paths:
         if os.path.isdir(path):
-            named = glob.glob(os.path.join(path, "*.log")) + glob.glob(os.path.join(path, "result_*.txt"))
+            named = glob.glob(os.path.join(glob.escape(path), "*.log")) + \
+                glob.glob(os.path.join(glob.escape(path), "result_*.txt"))  # a '[' or '*' in its name is its own
             inside = sorted(p for p in named if os.path.isfile(p))  # a folder named x.log is not a log
             if not inside:
                 raise InputError(f"{path}: directory has no *.log or result_*.txt files")

@@ -309,3 +309,11 @@ def test_mllog_metadata_that_is_not_an_object_is_one_line(tmp_path, metadata):
     folder = edited_fixture(tmp_path, planted("diverged", '"x"', metadata))
     with pytest.raises(InputError, match=r"result_1.txt: diverged's metadata .* is not a JSON object"):
         timing.read_run(str(folder / "result_1.txt"), "1.0.0")
+
+
+def test_a_folder_with_glob_characters_in_its_name_is_read(tmp_path):
+    """A folder of logs named with '[' and '*' (a user's run folder 'run[1]*'): its logs are found, not matched as a
+    pattern. The old code said the folder had no *.log or result_*.txt files."""
+    folder = tmp_path / "run[1]*"
+    shutil.copytree(FIXTURE, folder, ignore=shutil.ignore_patterns("README.md"))
+    assert len(timing.find_logs([str(folder)])) == 5
