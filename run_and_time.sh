@@ -143,7 +143,7 @@ if [[ "$leader" == 1 ]]; then
     if [[ -n "$(mllog_value resumable_stop)" ]]; then
         echo "run_and_time.sh: stopped, resumable (checkpoint $(mllog_value resumable_stop))" >&2
         exit "$RESUMABLE_EXIT"
-    elif [[ -n "$(mllog_value diverged)" ]]; then
+    elif [[ "$stopped_as" != success && -n "$(mllog_value diverged)" ]]; then  # run_stop success is the verdict
         echo "run_and_time.sh: the loss diverged ($(mllog_value diverged)): the settings that set the step size" \
              "do not train; training stopped there (run_stop aborted)" >&2
         exit "$DIVERGED_EXIT"

@@ -270,6 +270,18 @@ if sys.orig_argv[1:3] == ["-m", "rn50_mx.train"]:
     os._exit(75)
 """
 
+# A training whose output holds a stray `diverged` line (another process's, on the same stream) and then run_stop
+# success: run_stop is the verdict.
+STRAY_DIVERGED = """import sys
+if sys.orig_argv[1:3] == ["-m", "rn50_mx.train"]:
+    import os
+    for key, meta in (("run_start", "{}"), ("diverged", '{"epoch_num": 1, "step": "x"}'),
+                      ("run_stop", '{"status": "success"}')):
+        print(':::MLLOG {"namespace": "", "time_ms": 1, "event_type": "POINT_IN_TIME", "key": "%s", "value": "stray", '
+              '"metadata": %s}' % (key, meta), flush=True)
+    os._exit(0)
+"""
+
 # A rank that hangs on its way out after run_stop success (rank 1 of 2): its exit alarm ends it and horovodrun
 # exits 1; the log says success.
 HANGS_AT_EXIT = """import atexit, os, sys, time
@@ -284,6 +296,16 @@ def site(tmp, text):
     folder.mkdir()
     (folder / "sitecustomize.py").write_text(text)
     return {"PYTHONPATH": os.pathsep.join([str(folder), *PYTHONPATH.values()])}
+
+
+def test_a_stray_diverged_line_before_run_stop_success_is_a_success(shared, tmp_path):
+    """run_and_time.sh reads the run's outcome from its output: a `diverged` line there that training did not end
+    with run_stop aborted does not make a run that stopped with success exit 78. The old code exited 78 saying
+    "the loss diverged (\"stray\") ... (run_stop aborted)"."""
+    command, _ = launcher("./run_and_time.sh", {**TINY_KEEP_CACHES, "DATADIR": shared["data"]})
+    result = run(command, site(tmp_path, STRAY_DIVERGED))
+    assert result.returncode == 0 and "RESULT," in result.stdout, (result.stdout[-1500:], result.stderr[-1500:])
+    assert "diverged" not in result.stderr, result.stderr[-1500:]
 
 
 def test_a_resumable_stop_ends_the_trials_with_75(shared, tmp_path):
