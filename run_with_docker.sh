@@ -61,9 +61,15 @@ names_set_here() {
     done < <(compgen -e)
 }
 
-# Before any trial, one line for an engine that does not answer, an image it does not have, a DATADIR or checkpoint
-# folder the container's user cannot read (the check in the container would name only /data).
+# Before any trial, one line for a folder docker cannot mount, an engine that does not answer, an image it does not
+# have, a DATADIR or checkpoint folder the container's user cannot read (the check in the container would name only
+# /data).
 check_container() {
+    local folder
+    for folder in "DATADIR=${DATADIR}" "LOGDIR=${LOGDIR}"; do  # docker run -v SOURCE:TARGET splits at every ':'
+        [[ "${folder#*=}" != *:* ]] || die "${folder}: a ':' in the path, which docker run -v cannot mount: rename" \
+            "the folder or give another"
+    done
     docker version >/dev/null 2>&1 || die "CONT=${CONT}: the Docker engine does not answer" \
         "(DOCKER_HOST=${DOCKER_HOST:-unset}): start it, or unset CONT to run on this machine"
     docker image inspect "$CONT" >/dev/null 2>&1 || die "CONT=${CONT}: the engine has no such image: build it" \

@@ -168,6 +168,11 @@ PROBES = [
     Probe("timing: eval_accuracy not a number",
           lambda tmp, sh: (py("rn50_mx.timing", log_with(tmp, {'"value": 0.32822': '"value": "high"'})), {}),
           r"^python -m rn50_mx\.timing: error: .*edited\.log: eval_accuracy 'high' is not a number"),
+    # issue 41's container launch: docker run -v splits DATADIR:/data at every ':' (the old code got to docker run)
+    Probe("run_with_docker.sh: a ':' in DATADIR", lambda tmp, sh: launcher("./run_with_docker.sh", {
+        "CONT": "rn50-mx:cpu", "DOCKER_HOST": f"unix://{tmp}/no-engine", "LOGDIR": str(tmp / "logs"),
+        "DATADIR": str(shutil.copytree(sh["data"], tmp / "a:b"))}),
+        r"^run_with_docker\.sh: DATADIR=.*/a:b: a ':' in the path, which docker run -v"),
 ]
 
 
