@@ -81,6 +81,18 @@ def test_a_divergence_after_the_last_check_of_an_epoch_leaves_no_checkpoint(tmp_
     assert len(losses(tmp_path / "steps")) == 2
 
 
+def test_a_checkpoint_of_a_stateless_optimizer_is_usable(tmp_path, capsys):
+    """SGD without momentum keeps no optimizer state: its checkpoint's trainer file holds no arrays, which MXNet
+    loads back as [] (mx.nd.save of {}). The checkpoint after epoch 1 is the one a resume would use. The old code
+    refused every such checkpoint ("trainer holds unnamed arrays"): a run of these settings could not be resumed."""
+    folder = tmp_path / "ckpt"
+    flags = [*SYNTHETIC, "--num-examples", "8", "--lr", "0.1", "--checkpoint-dir", str(folder), "--checkpoint-every",
+             "1", "--accuracy-threshold", "1.0"]
+    result = run_worker(tmp_path / "steps", flags)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    chosen = checkpoint.newest_usable(str(folder), set_aside=False)
+    assert chosen == str(folder / "step-2"), (sorted(os.listdir(folder)), capsys.readouterr().err)
+
 def test_two_ranks_stop_at_the_same_step_when_one_rank_s_loss_goes_past_the_limit_first(tmp_path):
     """Two Gloo ranks launched with different learning rates (a launch whose ranks got different environments: rank 1
     LR 20, rank 0 LR 0): rank 1's loss on its own synthetic batch goes past 1000 ln 3 at its second step while rank 0's

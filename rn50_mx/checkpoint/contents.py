@@ -157,6 +157,8 @@ def load_arrays(folder, name):
         arrays = mx.nd.load(os.path.join(folder, name))
     except mx.base.MXNetError as err:
         raise Bad(f"{name} does not load ({str(err).strip().splitlines()[-1]})") from None
+    if arrays == []:  # mx.nd.save of no arrays ({}: a stateless optimizer's, SGD without momentum) loads as []
+        return {}
     if not isinstance(arrays, dict):
         raise Bad(f"{name} holds unnamed arrays")
     return arrays
