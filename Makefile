@@ -61,10 +61,11 @@ $(VENV)/.base: setup.py constraints.txt
 # when whole. A wheel built from other inputs is another folder: the installed Horovod is replaced by it.
 $(HOROVOD_WHEEL_DIR): | /usr/bin/mpicxx
 	$(MAKE) --no-print-directory $(VENV)/.base  # here, not a prerequisite: a clone finding the wheel needs no .venv
-	rm -rf $@.tmp
-	$(HOROVOD_BUILD_ENV) $(PY) -m pip wheel -q -c constraints.txt --no-deps --no-build-isolation --no-cache-dir \
-	  -w $@.tmp horovod
-	mv -T $@.tmp $@
+	mkdir -p $(CACHE) && tmp=$$(mktemp -d $@.tmp-XXXXXX) && \
+	  { $(HOROVOD_BUILD_ENV) $(PY) -m pip wheel -q -c constraints.txt --no-deps --no-build-isolation --no-cache-dir \
+	    -w $$tmp horovod || { rm -rf $$tmp; exit 1; }; } && \
+	  { mv -T $$tmp $@ 2>/dev/null || rm -rf $$tmp; }  # a second writer's whole wheel already there: keep it
+	test -d $@
 
 $(VENV)/.horovod: $(VENV)/.base $(HOROVOD_WHEEL_DIR)
 	$(PY) -m pip uninstall -y -q horovod
@@ -116,9 +117,10 @@ CPU_BASE  := rn50-mx-cpu-base:$(CPU_BASE_KEY)
 CPU_BASE_TAR := $(CACHE)/cpu-base-$(CPU_BASE_KEY).tar
 
 $(CPU_BASE_TAR): | $(HOROVOD_WHEEL_DIR) /usr/bin/mmdebstrap
-	rm -f $(CACHE)/cpu-base-*.tar  # the bases of other inputs, and a build cut short
-	mmdebstrap --quiet --variant=minbase --include=$(CPU_BASE_PACKAGES) $(CPU_BASE_HOOKS) bookworm $@.tmp.tar
-	mv $@.tmp.tar $@
+	rm -f $(CACHE)/cpu-base-????????????????.tar  # the bases of other inputs (not another build's temporary file)
+	mkdir -p $(CACHE) && tmp=$$(mktemp $@.tmp-XXXXXX.tar) && \
+	  { mmdebstrap --quiet --variant=minbase --include=$(CPU_BASE_PACKAGES) $(CPU_BASE_HOOKS) bookworm $$tmp || \
+	    { rm -f $$tmp; exit 1; }; } && mv $$tmp $@
 
 # The base's hash (tests/support/engine.py names its saved image by it and the Dockerfile's context).
 cpu-base-key:
