@@ -42,7 +42,7 @@ HOROVOD_KEY := $(shell { { echo '$(HOROVOD_BUILD_ENV)'; grep -E '^(horovod|mxnet
 	sha256sum | cut -c1-16; } 2>/dev/null)
 HOROVOD_WHEEL_DIR := $(CACHE)/horovod-$(HOROVOD_KEY)
 
-.PHONY: venv test demo image-cpu cpu-base-key clean
+.PHONY: venv test demo image-cpu cpu-base-key clean FORCE
 
 venv: $(VENV)/.horovod $(SYSTEM_PACKAGES)
 
@@ -67,7 +67,14 @@ $(HOROVOD_WHEEL_DIR): | /usr/bin/mpicxx
 	  { mv -T $$tmp $@ 2>/dev/null || rm -rf $$tmp; }  # a second writer's whole wheel already there: keep it
 	test -d $@
 
-$(VENV)/.horovod: $(VENV)/.base $(HOROVOD_WHEEL_DIR)
+# The wheel's key, rewritten only when it changes: then the installed Horovod is replaced by that wheel's (built here
+# when missing). A .venv whose Horovod has this key needs no wheel folder (make run with another HOME finds none).
+$(VENV)/.horovod-key: FORCE
+	@mkdir -p $(VENV)
+	@echo '$(HOROVOD_KEY)' | cmp -s - $@ || echo '$(HOROVOD_KEY)' > $@
+
+$(VENV)/.horovod: $(VENV)/.base $(VENV)/.horovod-key
+	$(MAKE) --no-print-directory $(HOROVOD_WHEEL_DIR)
 	$(PY) -m pip uninstall -y -q horovod
 	$(PY) -m pip install -q -c constraints.txt $(HOROVOD_WHEEL_DIR)/horovod-*.whl
 	$(PY) -c "import horovod.mxnet as hvd; assert hvd.gloo_built() and hvd.mpi_built()"

@@ -56,7 +56,8 @@ def home():
         os.mkdir(os.path.join(folder, "bin"))
         os.symlink(engine_support.DOCKER, os.path.join(folder, "bin", "docker"))
         os.mkdir(os.path.join(folder, "checkout"))
-        for name in ("run_with_docker.sh", "trials.sh"):
+        os.mkdir(os.path.join(folder, "checkout", "rn50_mx"))
+        for name in ("run_with_docker.sh", "trials.sh", "rn50_mx/exit_codes.sh"):  # what the launcher sources
             shutil.copy2(os.path.join(ROOT, name), os.path.join(folder, "checkout", name))
         shutil.copytree(os.path.join(ROOT, "config"), os.path.join(folder, "checkout", "config"))
         for parent, dirs, names in os.walk(folder):
