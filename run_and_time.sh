@@ -108,9 +108,14 @@ fi
 stream=$(mktemp)
 trap 'rm -f "$stream"' EXIT
 # The filter ignores SIGUSR1 (Slurm's --signal reaches it too): the ranks, which checkpoint on it, keep their output.
-"${LAUNCH[@]}" > >(trap '' USR1; sed -u -E '/^(\[[0-9,]+\]<std(out|err)>:)?:::MLLOG /s/\[[0-9,]+\]<std(out|err)>://g' |
-                  tee "$stream") &
+# It is this script's own child (a process substitution of the background job is that job's), so that it can be
+# waited for below: the outcome is read from its last lines.
+exec {to_filter}> >(trap '' USR1; sed -u -E '/^(\[[0-9,]+\]<std(out|err)>:)?:::MLLOG /s/\[[0-9,]+\]<std(out|err)>://g' |
+                    tee "$stream")
+filter=$!
+"${LAUNCH[@]}" >&"$to_filter" &
 launcher=$!
+exec {to_filter}>&-
 # horovodrun with MPI (the NGC image's; here too) runs mpirun under `/bin/sh -c`, which does not pass a SIGTERM on:
 # mpirun, which stops the ranks, gets it first.
 stop_launcher() {
@@ -128,7 +133,7 @@ while kill -0 "$launcher" 2>/dev/null; do wait "$launcher" || true; done
 status=0
 wait "$launcher" || status=$?
 trap - TERM INT USR1
-wait  # the log filter, so that its last lines come before ENDING/RESULT
+wait "$filter" || true  # its last lines come before the outcome is read from them, and before ENDING/RESULT
 
 # The value of the MLPerf event `key` ($1) in this run's lines, or nothing (the first one; `status` ($1 =
 # run_stop) reads its metadata status).
