@@ -103,10 +103,15 @@ fi
 # The stream is also kept in a temporary file, from which this run's outcome is read.
 stream=$(mktemp)
 trap 'rm -f "$stream"' EXIT
-# The filter ignores SIGUSR1 (Slurm's --signal reaches it too): the ranks, which checkpoint on it, keep their output.
-"${LAUNCH[@]}" > >(trap '' USR1; sed -u -E '/^(\[[0-9,]+\]<std(out|err)>:)?:::MLLOG /s/\[[0-9,]+\]<std(out|err)>://g' |
+# The filter ignores SIGUSR1 (Slurm's --signal reaches it too), SIGTERM and SIGINT: the ranks, which checkpoint on
+# them, keep their output to the end. The launcher runs in a process group of its own (set -m), so that a signal to
+# this script's group (the trial loop's stop, a Ctrl-C) reaches it once, from stop_launcher below, as in a container:
+# a second SIGTERM would end a rank at once, before its checkpoint.
+set -m
+"${LAUNCH[@]}" > >(trap '' USR1 TERM INT; sed -u -E '/^(\[[0-9,]+\]<std(out|err)>:)?:::MLLOG /s/\[[0-9,]+\]<std(out|err)>://g' |
                   tee "$stream") &
 launcher=$!
+set +m
 # horovodrun with MPI (the NGC image's; here too) runs mpirun under `/bin/sh -c`, which does not pass a SIGTERM on:
 # mpirun, which stops the ranks, gets it first.
 stop_launcher() {

@@ -411,6 +411,38 @@ def test_sigterm_on_run_with_docker_stops_the_running_trial(shared, tmp_path):
 
 
 @pytest.mark.slow
+def test_sigterm_on_run_with_docker_with_a_checkpoint_folder_leaves_a_resumable_stop(shared, tmp_path):
+    """With RN50_CHECKPOINT_DIR, SIGTERM to the bare launcher stops the trial as in a container: the training writes
+    its checkpoint, the trial's log keeps its last lines, the launcher exits 75 leaving LOGDIR/t.resume, and the next
+    launch resumes the trial to run_stop success with its seed. The old launcher sent SIGTERM to the trial's whole
+    group: the training got it twice (from the group and from run_and_time.sh; the second ends it at once) and its
+    output filters and tee died (the next progress line raised BrokenPipeError), so no checkpoint was written, and the
+    launcher, waiting for the group's leader only, exited 143 with the training still on its way out."""
+    logs, folder = tmp_path / "logs", tmp_path / "ckpt"
+    env = {**TINY_KEEP_CACHES, "NUMEPOCHS": "3", "EVAL_PERIOD": "3", "EVAL_OFFSET": "2", "DISP_BATCHES": "1",
+           "DATADIR": shared["data"], "LOGDIR": str(logs), "NEXP": "1", "DATESTAMP": "t",
+           "RN50_CHECKPOINT_DIR": str(folder)}
+    command, _ = launcher("./run_with_docker.sh", env)
+    status, text = sigterm_to(command, tmp_path / "out.txt",
+                              lambda out, procs: "epoch 1 step 1/" in out and runs(procs, "rn50_mx.train"))
+    log = (logs / "t_1.log").read_text()
+    assert status == 75, text[-3000:]
+    assert text.strip().splitlines()[-1] == (
+        "run_with_docker.sh: stopped by SIGTERM in trial 1 of 1: stopped, resumable; no further trial runs")
+    steps = [name for name in files_in(folder) if name.startswith("step-")]
+    assert len(steps) == 1 and files_in(logs) == ["t.resume", "t_1.log"], (files_in(folder), files_in(logs))
+    assert mllog(logs / "t_1.log", "resumable_stop") == [str(folder / steps[0])], log[-2000:]
+    assert log.endswith(f'run_and_time.sh: stopped, resumable (checkpoint "{folder / steps[0]}")\n'), log[-2000:]
+    result = run(command, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert files_in(logs) == ["t_1.log"]
+    assert mllog(logs / "t_1.log", "resumed_from") == [str(folder / steps[0])]
+    assert (folder / "finished").read_text() == "run_stop success\n"
+    seeds = mllog(logs / "t_1.log", "seed")
+    assert len(seeds) == 2 and seeds[0] == seeds[1], seeds
+
+
+@pytest.mark.slow
 def test_sigterm_before_the_first_trial_stops_the_self_test(shared, tmp_path):
     """SELFTEST=1: the old launcher ran the self-test outside any trial's group and died alone on SIGTERM, leaving
     the self-test (minutes on a GPU node) running; a SIGTERM while a long child ran ended it without its line."""
