@@ -208,10 +208,14 @@ one_trial() {
     trap 'rm -f "$tee_errors"' EXIT
     {
         (
-            trap : TERM INT  # a subshell's caught signals are reset; run_trial's command gets the default action
+            # A stop before run_trial ends the trial here; then run_trial's command acts on it (a subshell's and a
+            # command's caught signals are reset) and this shell waits for its status.
+            trap 'exit 143' TERM
+            trap 'exit 130' INT
             echo "${begin} trial ${1} of ${NEXP}"
             if clear_caches; then export CACHE_CLEARED=1; else export CACHE_CLEARED=0; fi
             export SEED="$2"
+            trap : TERM INT
             run_trial
         ) |& (trap '' TERM INT; exec tee -a "$log" 2>"$tee_errors")  # ignored: tee ends when its input does
         statuses=("${PIPESTATUS[@]}")
