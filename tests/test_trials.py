@@ -461,6 +461,15 @@ def test_sigterm_before_the_first_trial_stops_the_self_test(shared, tmp_path):
     assert "Beginning trial" not in text
 
 
+def signal_each(proc, signum):
+    """Send `signum` to `proc` and each of its descendants."""
+    with contextlib.suppress(psutil.NoSuchProcess):
+        tree = psutil.Process(proc.pid)
+        for p in [tree, *tree.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.send_signal(signum)
+
+
 @pytest.mark.slow
 def test_slurms_sigusr1_to_every_process_of_a_trial_stops_it_resumable(shared, tmp_path):
     """Slurm's --signal=USR1 (run.sub) reaches every process of the step: run_and_time.sh died of it (bash's default
@@ -478,11 +487,10 @@ def test_slurms_sigusr1_to_every_process_of_a_trial_stops_it_resumable(shared, t
         while '"key": "epoch_start"' not in out.read_text():
             assert proc.poll() is None and time.time() < deadline, out.read_text()[-3000:]
             time.sleep(0.2)
-        os.killpg(proc.pid, signal.SIGUSR1)
+        signal_each(proc, signal.SIGUSR1)  # as Slurm signals a step: each of its processes, whatever their group
         assert proc.wait(timeout=120) == 75, out.read_text()[-3000:]
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        signal_each(proc, signal.SIGKILL)
     text = out.read_text()
     assert "run_and_time.sh: stopped, resumable (checkpoint " in text and "RESULT," not in text
     assert [name for name in files_in(folder) if name.startswith("step-")]
