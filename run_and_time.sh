@@ -107,20 +107,26 @@ fi
 # The stream is also kept in a temporary file, from which this run's outcome is read.
 stream=$(mktemp)
 trap 'rm -f "$stream"' EXIT
-# The filter ignores SIGUSR1 (Slurm's --signal reaches it too): the ranks, which checkpoint on it, keep their output.
-# It is this script's own child (a process substitution of the background job is that job's), so that it can be
-# waited for below: the outcome is read from its last lines.
-exec {to_filter}> >(trap '' USR1; sed -u -E '/^(\[[0-9,]+\]<std(out|err)>:)?:::MLLOG /s/\[[0-9,]+\]<std(out|err)>://g' |
+# The filter ignores SIGUSR1 (Slurm's --signal reaches it too), SIGTERM and SIGINT: it writes the ranks' lines until
+# they end (their checkpoint's on a signal), and this script waits for it. The launcher runs in a process group of its
+# own (set -m), so that a signal to this script's group (the trial loop's stop, a Ctrl-C) reaches it once, from
+# stop_launcher below, as in a container: a second SIGTERM ends a rank at once, before its checkpoint.
+exec {to_filter}> >(trap '' USR1 TERM INT; sed -u -E '/^(\[[0-9,]+\]<std(out|err)>:)?:::MLLOG /s/\[[0-9,]+\]<std(out|err)>://g' |
                     tee "$stream")
 filter=$!
+set -m
 "${LAUNCH[@]}" >&"$to_filter" &
 launcher=$!
+set +m
 exec {to_filter}>&-
-# horovodrun with MPI (the NGC image's; here too) runs mpirun under `/bin/sh -c`, which does not pass a SIGTERM on:
-# mpirun, which stops the ranks, gets it first.
+# horovodrun with MPI (the NGC image's; here too) runs mpirun under `/bin/sh -c`, which does not pass a signal on.
+# mpirun gets SIGUSR1, which it passes to every rank (its SIGTERM kills them a second later, odls_base_sigkill_timeout):
+# a rank stops at a checkpoint on SIGUSR1 as on SIGTERM, and without a checkpoint folder it ends at once.
 stop_launcher() {
-    # shellcheck disable=SC2046  # a list of pids
-    kill -TERM $(pgrep -P "$launcher") "$launcher" 2>/dev/null || true
+    local pid
+    for pid in $(pgrep -P "$launcher") "$launcher"; do
+        if [[ "$(ps -o comm= -p "$pid")" == mpirun ]]; then kill -USR1 "$pid"; else kill -TERM "$pid"; fi
+    done 2>/dev/null || true
 }
 trap stop_launcher TERM INT
 # Slurm's --signal=USR1 (run.sub) reaches every process of the step, this script too: the ranks write a checkpoint and
@@ -132,8 +138,9 @@ wait "$launcher" || true
 while kill -0 "$launcher" 2>/dev/null; do wait "$launcher" || true; done
 status=0
 wait "$launcher" || status=$?
+# The filter's last lines come before the outcome is read from them, and before ENDING/RESULT.
+while kill -0 "$filter" 2>/dev/null; do wait "$filter" || true; done
 trap - TERM INT USR1
-wait "$filter" || true  # its last lines come before the outcome is read from them, and before ENDING/RESULT
 
 # The value of the MLPerf event `key` ($1) in this run's lines, or nothing (the first one; `status` ($1 =
 # run_stop) reads its metadata status).

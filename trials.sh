@@ -19,6 +19,7 @@
 
 # shellcheck source=rn50_mx/exit_codes.sh
 source "$(dirname "${BASH_SOURCE[0]}")/rn50_mx/exit_codes.sh"
+STOP_GRACE=120  # seconds a stopped trial has to end (a checkpoint written, the ranks gone) before it is killed
 say_error() { echo "${LAUNCHER}: $*" >&2; }
 die() { say_error "$@"; exit 2; }
 
@@ -197,8 +198,12 @@ clear_caches() {
 # its log could not be written in full (a full LOGDIR: the trial runs on, its output still reaching the terminal, and
 # one line says which file and why once it has ended). A resumed trial's output is appended to its log, on a line of
 # its own if the stopped one was cut mid-line. The log is there already (run_trials creates it): tee appends.
+# A SIGTERM or SIGINT to the trial's group (stop_group) is for run_trial's command alone, which passes it on to the
+# training (run_and_time.sh, docker run): the shells here wait for it and keep its status (75 when it stopped at a
+# checkpoint), and tee writes the log to the trial's last line.
 one_trial() {
     local log=${logs[-1]} begin="Beginning" tee_errors statuses
+    trap : TERM INT
     if (( $1 == resume_trial )); then
         begin="Resuming"
         [[ ! -s "$log" || -z "$(tail -c 1 "$log")" ]] || echo >>"$log"
@@ -207,11 +212,16 @@ one_trial() {
     trap 'rm -f "$tee_errors"' EXIT
     {
         (
+            # A stop before run_trial ends the trial here; then run_trial's command acts on it (a subshell's and a
+            # command's caught signals are reset) and this shell waits for its status.
+            trap 'exit 143' TERM
+            trap 'exit 130' INT
             echo "${begin} trial ${1} of ${NEXP}"
             if clear_caches; then export CACHE_CLEARED=1; else export CACHE_CLEARED=0; fi
             export SEED="$2"
+            trap : TERM INT
             run_trial
-        ) |& tee -a "$log" 2>"$tee_errors"
+        ) |& (trap '' TERM INT; exec tee -a "$log" 2>"$tee_errors")  # ignored: tee ends when its input does
         statuses=("${PIPESTATUS[@]}")
     } || true
     if (( statuses[1] != 0 )); then
@@ -223,8 +233,9 @@ one_trial() {
 
 # Runs "$@" in a process group of its own and waits for it: every command the launcher starts that may take long
 # (the settings check, the self-test, each trial). A SIGTERM or SIGINT reaching the launcher is passed to that whole
-# group (run_and_time.sh, horovodrun, the ranks, tee); the launcher then waits for it to end and exits 128 + the
-# signal, with no further trial: a stopped launcher leaves nothing running.
+# group (a trial's shells and tee wait for run_and_time.sh or docker run, which pass it on: one_trial); the launcher
+# then waits for all of it to end and exits 128 + the signal (75 for a trial stopped at a checkpoint), with no further
+# trial: a stopped launcher leaves nothing running.
 run_in_group() {
     local group status=0
     set -m
@@ -239,12 +250,29 @@ run_in_group() {
 }
 
 # scancel and Slurm's time limit end run.sub this way too (SIGTERM to the batch script and to every task).
-# shellcheck disable=SC2154  # i: the trial loop's, set while a trial runs
+# A trial that stopped at a checkpoint (status 75: RN50_CHECKPOINT_DIR) is a resumable stop, as without the signal
+# (run_trials), but not requeued (on_resumable_stop): the signal was a stop.
+# shellcheck disable=SC2154  # i, seed: the trial loop's, set while a trial runs
 stop_group() {
-    local where="before the first trial"
+    local where="before the first trial" status=0
     [[ -z "${i:-}" ]] || where="in trial ${i} of ${NEXP} (no run_stop)"
     kill -"$2" -- "-$1" 2>/dev/null
-    while kill -0 "$1" 2>/dev/null; do wait "$1" || true; done  # its status is the signal's: not an error here
+    # What still runs STOP_GRACE seconds later (a process that ignores the signal) is killed: a stop never hangs.
+    ( sleep "$STOP_GRACE"; kill -0 -- "-$1" 2>/dev/null || exit
+      say_error "stopped by SIG$2: the group still ran ${STOP_GRACE} s later; killed"; kill -KILL -- "-$1" ) &
+    local watchdog=$!
+    # A trapped signal ends `wait` early: wait until the leader has ended, then take its status (bash keeps it).
+    # (bash's own line for a killed job is not shown: the watchdog's says it.)
+    while kill -0 "$1" 2>/dev/null; do wait "$1" 2>/dev/null || true; done
+    wait "$1" 2>/dev/null || status=$?
+    while kill -0 -- "-$1" 2>/dev/null; do sleep 0.2; done  # the rest of its group
+    pkill -P "$watchdog" sleep 2>/dev/null || true  # its sleep, which would outlive it
+    kill "$watchdog" 2>/dev/null || true
+    if [[ -n "${i:-}" ]] && (( status == RESUMABLE_EXIT )); then
+        stopped_resumable "$i" "$seed"
+        say_error "stopped by SIG$2 in trial ${i} of ${NEXP}: stopped, resumable; no further trial runs"
+        exit "$RESUMABLE_EXIT"
+    fi
     say_error "stopped by SIG$2 ${where}; no further trial runs"
     exit "$3"
 }

@@ -161,8 +161,9 @@ def test_trials_run_in_fresh_containers_with_the_settings_and_the_data_mounted(e
 @pytest.mark.slow
 def test_sigterm_reaches_training_in_the_container_and_the_next_launch_resumes_it(engine, three_classes, home):
     """SIGTERM to the launcher mid-epoch: the training in the container writes its checkpoint (in LOGDIR, through
-    the mount, as nobody) and stops; the launcher says so and exits 143. The next launch, in a new container,
-    resumes from that checkpoint and ends with run_stop success."""
+    the mount, as nobody) and stops; the launcher waits for it, says so, leaves s.resume and exits 75, the trial's log
+    holding the resumable_stop line. The next launch, in a new container, resumes from that checkpoint and ends with
+    run_stop success."""
     logs = logdir(home)
     env = {**TINY_KEEP_CACHES, "NUM_CLASSES": "3", "DATADIR": data(three_classes, home), "LOGDIR": str(logs), "NEXP": "1",
            "SEED": "7", "DATESTAMP": "s", "NUMEPOCHS": "3", "EVAL_PERIOD": "3", "EVAL_OFFSET": "2", "DISP_BATCHES": "1",
@@ -174,13 +175,14 @@ def test_sigterm_reaches_training_in_the_container_and_the_next_launch_resumes_i
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     status, out = finished(proc, home, timeout=300)
-    assert status == 143, out[-3000:]
-    assert "run_with_docker.sh: stopped by SIGTERM in trial 1 of 1 (no run_stop); no further trial runs" in out
+    assert status == 75, out[-3000:]
+    assert "run_with_docker.sh: stopped by SIGTERM in trial 1 of 1: stopped, resumable; no further trial runs" in out
     while engine.docker("ps", "-q").stdout.strip():  # the container ends once its checkpoint is written
         assert time.time() < deadline, engine.docker("ps").stdout
         time.sleep(0.5)
     steps = [name for name in files_in(logs / "ckpt") if name.startswith("step-")]
     assert len(steps) == 1, files_in(logs / "ckpt")
+    assert mllog(logs / "s_1.log", "resumable_stop") == [f"/results/ckpt/{steps[0]}"]
     assert set(owners(logs).values()) == {NOBODY}, owners(logs)
     since = time.time()
     status, out = finished(launch({**env, "DATESTAMP": "s2"}, home, engine), home)

@@ -433,6 +433,38 @@ def test_sigterm_on_run_with_docker_stops_the_running_trial(shared, tmp_path):
 
 
 @pytest.mark.slow
+def test_sigterm_on_run_with_docker_with_a_checkpoint_folder_leaves_a_resumable_stop(shared, tmp_path):
+    """With RN50_CHECKPOINT_DIR, SIGTERM to the bare launcher stops the trial as in a container: the training writes
+    its checkpoint, the trial's log keeps its last lines, the launcher exits 75 leaving LOGDIR/t.resume, and the next
+    launch resumes the trial to run_stop success with its seed. The old launcher sent SIGTERM to the trial's whole
+    group: the training got it twice (from the group and from run_and_time.sh; the second ends it at once) and its
+    output filters and tee died (the next progress line raised BrokenPipeError), so no checkpoint was written, and the
+    launcher, waiting for the group's leader only, exited 143 with the training still on its way out."""
+    logs, folder = tmp_path / "logs", tmp_path / "ckpt"
+    env = {**TINY_KEEP_CACHES, "NUMEPOCHS": "3", "EVAL_PERIOD": "3", "EVAL_OFFSET": "2", "DISP_BATCHES": "1",
+           "DATADIR": shared["data"], "LOGDIR": str(logs), "NEXP": "1", "DATESTAMP": "t",
+           "RN50_CHECKPOINT_DIR": str(folder)}
+    command, _ = launcher("./run_with_docker.sh", env)
+    status, text = sigterm_to(command, tmp_path / "out.txt",
+                              lambda out, procs: "epoch 1 step 1/" in out and runs(procs, "rn50_mx.train"))
+    log = (logs / "t_1.log").read_text()
+    assert status == 75, text[-3000:]
+    assert text.strip().splitlines()[-1] == (
+        "run_with_docker.sh: stopped by SIGTERM in trial 1 of 1: stopped, resumable; no further trial runs")
+    steps = [name for name in files_in(folder) if name.startswith("step-")]
+    assert len(steps) == 1 and files_in(logs) == ["t.resume", "t_1.log"], (files_in(folder), files_in(logs))
+    assert mllog(logs / "t_1.log", "resumable_stop") == [str(folder / steps[0])], log[-2000:]
+    assert log.endswith(f'run_and_time.sh: stopped, resumable (checkpoint "{folder / steps[0]}")\n'), log[-2000:]
+    result = run(command, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert files_in(logs) == ["t_1.log"]
+    assert mllog(logs / "t_1.log", "resumed_from") == [str(folder / steps[0])]
+    assert (folder / "finished").read_text() == "run_stop success\n"
+    seeds = mllog(logs / "t_1.log", "seed")
+    assert len(seeds) == 2 and seeds[0] == seeds[1], seeds
+
+
+@pytest.mark.slow
 def test_sigterm_before_the_first_trial_stops_the_self_test(shared, tmp_path):
     """SELFTEST=1: the old launcher ran the self-test outside any trial's group and died alone on SIGTERM, leaving
     the self-test (minutes on a GPU node) running; a SIGTERM while a long child ran ended it without its line."""
@@ -449,6 +481,29 @@ def test_sigterm_before_the_first_trial_stops_the_self_test(shared, tmp_path):
     text = sigterm_to_run_with_docker(env, tmp_path / "out.txt", self_test_under_way)
     assert "run_with_docker.sh: stopped by SIGTERM before the first trial; no further trial runs" in text
     assert "Beginning trial" not in text
+
+
+def test_a_stopped_group_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
+    """The launcher waits for the whole stopped group (a trial's checkpoint is written after the signal), but never
+    for ever: a process ignoring SIGTERM is killed STOP_GRACE seconds later, with a line. The old launcher waited for
+    the group's leader only and left the process running."""
+    stubborn = "trap '' TERM; while :; do sleep 0.1; done"
+    command = ["bash", "-c", f"set -euo pipefail; LAUNCHER=test; source trials.sh; STOP_GRACE=2; "
+                             f"run_in_group bash -c {stubborn!r}"]
+    status, text = sigterm_to(command, tmp_path / "out.txt",
+                              lambda out, procs: any("trap ''" in " ".join(p.cmdline()) for p in procs))
+    assert status == 143, text
+    assert text.splitlines() == ["test: stopped by SIGTERM: the group still ran 2 s later; killed",
+                                 "test: stopped by SIGTERM before the first trial; no further trial runs"]
+
+
+def signal_each(proc, signum):
+    """Send `signum` to `proc` and each of its descendants."""
+    with contextlib.suppress(psutil.NoSuchProcess):
+        tree = psutil.Process(proc.pid)
+        for p in [tree, *tree.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.send_signal(signum)
 
 
 @pytest.mark.slow
@@ -468,11 +523,10 @@ def test_slurms_sigusr1_to_every_process_of_a_trial_stops_it_resumable(shared, t
         while '"key": "epoch_start"' not in out.read_text():
             assert proc.poll() is None and time.time() < deadline, out.read_text()[-3000:]
             time.sleep(0.2)
-        os.killpg(proc.pid, signal.SIGUSR1)
+        signal_each(proc, signal.SIGUSR1)  # as Slurm signals a step: each of its processes, whatever their group
         assert proc.wait(timeout=120) == 75, out.read_text()[-3000:]
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        signal_each(proc, signal.SIGKILL)
     text = out.read_text()
     assert "run_and_time.sh: stopped, resumable (checkpoint " in text and "RESULT," not in text
     assert [name for name in files_in(folder) if name.startswith("step-")]

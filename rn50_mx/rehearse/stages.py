@@ -18,7 +18,7 @@ CHILD_TIMEOUT = 600
 GRACE = 20
 ERROR = re.compile(r"(?:Error|error|rn50_mx[.\w]*:|Fused|refuse|not supported|Check failed)")
 TRACEBACK = "Traceback (most recent call last):"
-FAILURE = re.compile(r"^(\[\d+\]<std(?:out|err)>:)(?:.*(" + re.escape(TRACEBACK) + ")|rn50_mx[.\w]*: error: )")
+FAILURE = re.compile(r"^(\[\d+\]<std(?:out|err)>:)(?:.*(" + re.escape(TRACEBACK) + r")|rn50_mx[.\w]*: error: )")
 
 
 class StageFailed(Exception):
