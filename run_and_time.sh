@@ -114,16 +114,15 @@ trap 'rm -f "$stream"' EXIT
 exec {to_filter}> >(trap '' USR1 TERM INT; sed -u -E '/^(\[[0-9,]+\]<std(out|err)>:)?:::MLLOG /s/\[[0-9,]+\]<std(out|err)>://g' |
                     tee "$stream")
 filter=$!
-set -m
-"${LAUNCH[@]}" >&"$to_filter" &
-launcher=$!
-set +m
-exec {to_filter}>&-
 # horovodrun with MPI (the NGC image's; here too) runs mpirun under `/bin/sh -c`, which does not pass a signal on.
 # mpirun gets SIGUSR1, which it passes to every rank (its SIGTERM kills them a second later, odls_base_sigkill_timeout):
 # a rank stops at a checkpoint on SIGUSR1 as on SIGTERM, and without a checkpoint folder it ends at once.
+# Trapped before the launcher starts: a stop that comes as it starts is passed on once its pid is known.
+launcher="" stop_asked=0
 stop_launcher() {
     local pid
+    stop_asked=1
+    [[ -n "$launcher" ]] || return 0
     for pid in $(pgrep -P "$launcher") "$launcher"; do
         if [[ "$(ps -o comm= -p "$pid")" == mpirun ]]; then kill -USR1 "$pid"; else kill -TERM "$pid"; fi
     done 2>/dev/null || true
@@ -132,6 +131,12 @@ trap stop_launcher TERM INT
 # Slurm's --signal=USR1 (run.sub) reaches every process of the step, this script too: the ranks write a checkpoint and
 # stop (RN50_CHECKPOINT_DIR), and this script, which would die of it, waits for them and reads the outcome.
 trap ':' USR1
+set -m
+"${LAUNCH[@]}" >&"$to_filter" &
+launcher=$!
+set +m
+exec {to_filter}>&-
+(( stop_asked == 0 )) || stop_launcher
 # A trapped signal ends `wait` early (status 128 + the signal): wait until the launcher has ended, then take its own
 # status, which bash keeps for a pid it has reaped.
 wait "$launcher" || true

@@ -22,6 +22,8 @@
 #            true only when the drop really happened.
 # SELFTEST   1: run `python -m rn50_mx.selftest` on the config and the data before the first trial (a failed
 #            check stops the launch); 0 (default): don't.
+# STOP_GRACE seconds a trial stopped by SIGTERM or Ctrl-C has to end (its checkpoint written) before what still runs
+#            of it is killed (default 120)
 # FRAGMENTS  1 (default): source the config's fragments (DGXSYSTEM above); 0: don't (the search's trials, which
 #            export every value).
 set -euo pipefail
@@ -62,8 +64,8 @@ names_set_here() {
 }
 
 # Before any trial, one line for a folder docker cannot mount, an engine that does not answer, an image it does not
-# have, a DATADIR or checkpoint folder the container's user cannot read (the check in the container would name only
-# /data).
+# have, a DATADIR the launching user cannot read (the containers run as that user, with the same groups; the check in
+# the container would name only /data).
 check_container() {
     local folder
     for folder in "DATADIR=${DATADIR}" "LOGDIR=${LOGDIR}"; do  # docker run -v SOURCE:TARGET splits at every ':'
@@ -81,10 +83,16 @@ check_container() {
 if [[ -n "${CONT:-}" ]]; then
     check_container
     # The containers run as the launching user, so that what they write (checkpoints, plots, configs) is that user's,
-    # with a HOME that user can write (horovodrun keeps a cache there; the image's passwd may not know the user).
+    # with that user's supplementary groups (a DATADIR readable through a group; `--user` alone gives the primary
+    # one) and a HOME that user can write (horovodrun keeps a cache there; the image's passwd may not know the user).
+    # Each carries the label LAUNCH_LABEL, by which on_stop_timeout finds them.
     # A CPU config gets no GPU, nor the unlimited locked memory that the GPU's pinned buffers need (an engine without
     # CAP_SYS_RESOURCE cannot grant it).
-    DOCKER_RUN=(docker run --rm --init --user "$(id -u):$(id -g)" --env HOME=/tmp)
+    LAUNCH_LABEL="rn50-mx.launch=${DATESTAMP}.$$"
+    DOCKER_RUN=(docker run --rm --init --label "$LAUNCH_LABEL" --user "$(id -u):$(id -g)" --env HOME=/tmp)
+    for gid in $(id -G); do
+        [[ "$gid" == "$(id -g)" ]] || DOCKER_RUN+=(--group-add "$gid")
+    done
     gpu_flags=(--gpus all)
     gpu_limits=(--ulimit memlock=-1)
     if [[ "${DEVICE:-cpu}" != gpu ]]; then
@@ -123,6 +131,14 @@ run_tool() {
 }
 
 run_trial() { run_tool "$RUN_AND_TIME"; }
+
+# A stopped trial still running STOP_GRACE seconds after the signal (trials.sh) is killed: its containers too, which a
+# killed `docker run` would leave running.
+on_stop_timeout() {
+    if [[ -n "${CONT:-}" ]]; then
+        docker ps -q --filter "label=${LAUNCH_LABEL}" | xargs -r docker kill >/dev/null 2>&1 || true
+    fi
+}
 
 # Drops the page cache so that each trial reads the data from disk (MLPerf rules); fails when not permitted.
 drop_caches() {

@@ -10,6 +10,8 @@
 #   run_tool CMD   runs a one-off command (the settings check, the timing tool) where rn50_mx is installed
 #   DATA_SEEN_AS, LOGS_SEEN_AS   DATADIR and LOGDIR as run_tool sees them
 #   on_resumable_stop (optional)  called when a trial stopped resumable (exit 75), before the loop exits 75
+#   on_stop_timeout (optional)    called when a stopped trial still runs STOP_GRACE seconds after the signal, before
+#                                 its processes are killed (what they started elsewhere: a container)
 # The exit codes of a trial's outcomes are rn50_mx/exit_codes.sh's.
 #
 # A trial stopped resumable leaves LOGDIR/DATESTAMP.resume (the trial, its seed, the seeds and failures before it): the
@@ -19,11 +21,11 @@
 
 # shellcheck source=rn50_mx/exit_codes.sh
 source "$(dirname "${BASH_SOURCE[0]}")/rn50_mx/exit_codes.sh"
-STOP_GRACE=120  # seconds a stopped trial has to end (a checkpoint written, the ranks gone) before it is killed
 say_error() { echo "${LAUNCHER}: $*" >&2; }
 die() { say_error "$@"; exit 2; }
 
-# NEXP, LOGDIR (default $1, created), DATESTAMP and CLEAR_CACHES, as the launchers' header comments describe them.
+# NEXP, LOGDIR (default $1, created), DATESTAMP, CLEAR_CACHES and STOP_GRACE, as the launchers' header comments
+# describe them.
 # The logs are checked before any work: LOGDIR writable, no log of this DATESTAMP there (a log is never replaced),
 # no symlink, folder or FIFO at a name the launcher writes (check_names), and LOGDIR/DATESTAMP.lock held (flock) until
 # the launcher ends, so that a second launch with the same DATESTAMP stops with one line.
@@ -39,6 +41,8 @@ trial_settings() {
     DATESTAMP=${DATESTAMP:-$(date +%y%m%d%H%M%S%N)}
     [[ "$DATESTAMP" =~ ^[A-Za-z0-9._-]+$ ]] || die "DATESTAMP=${DATESTAMP}: expected letters, digits, '.', '_' or '-'"
     CLEAR_CACHES=${CLEAR_CACHES:-1}
+    STOP_GRACE=${STOP_GRACE:-120}
+    [[ "$STOP_GRACE" =~ ^[1-9][0-9]{0,5}$ ]] || die "STOP_GRACE=${STOP_GRACE}: expected whole seconds, 1 to 999999"
     mkdir -p "$LOGDIR" 2>/dev/null || die "LOGDIR=${LOGDIR}: cannot create it"
     LOG_LOCK="${LOGDIR}/${DATESTAMP}.lock"
     RESUME_STATE="${LOGDIR}/${DATESTAMP}.resume"
@@ -237,13 +241,17 @@ one_trial() {
 # then waits for all of it to end and exits 128 + the signal (75 for a trial stopped at a checkpoint), with no further
 # trial: a stopped launcher leaves nothing running.
 run_in_group() {
-    local group status=0
+    local group="" asked="" status=0
+    # Set before the command starts; a signal that comes as it starts (bash runs a trap between commands) is acted on
+    # once its group is known.
+    trap 'asked="TERM 143"; [[ -z "$group" ]] || stop_group "$group" $asked' TERM
+    trap 'asked="INT 130"; [[ -z "$group" ]] || stop_group "$group" $asked' INT
     set -m
     "$@" &
     group=$!
     set +m
-    trap 'stop_group "$group" TERM 143' TERM
-    trap 'stop_group "$group" INT 130' INT
+    # shellcheck disable=SC2086  # the signal's name and exit status
+    [[ -z "$asked" ]] || stop_group "$group" $asked
     wait "$group" || status=$?
     trap - TERM INT
     return "$status"
@@ -257,9 +265,13 @@ stop_group() {
     local where="before the first trial" status=0
     [[ -z "${i:-}" ]] || where="in trial ${i} of ${NEXP} (no run_stop)"
     kill -"$2" -- "-$1" 2>/dev/null
-    # What still runs STOP_GRACE seconds later (a process that ignores the signal) is killed: a stop never hangs.
+    # What still runs STOP_GRACE seconds later (a rank stuck in a collective never runs its signal handler) is
+    # killed, the training's own group and what the trial started elsewhere too: a stop never hangs.
     ( sleep "$STOP_GRACE"; kill -0 -- "-$1" 2>/dev/null || exit
-      say_error "stopped by SIG$2: the group still ran ${STOP_GRACE} s later; killed"; kill -KILL -- "-$1" ) &
+      say_error "stopped by SIG$2: the trial still ran ${STOP_GRACE} s later; killed"
+      if declare -F on_stop_timeout >/dev/null; then on_stop_timeout; fi
+      # shellcheck disable=SC2046  # a list of pids
+      kill -KILL $(group_tree "$1") 2>/dev/null ) &
     local watchdog=$!
     # A trapped signal ends `wait` early: wait until the leader has ended, then take its status (bash keeps it).
     # (bash's own line for a killed job is not shown: the watchdog's says it.)
@@ -275,6 +287,20 @@ stop_group() {
     fi
     say_error "stopped by SIG$2 ${where}; no further trial runs"
     exit "$3"
+}
+
+# The pids of process group $1's processes and of all their descendants, whatever their group (run_and_time.sh starts
+# the training in a group of its own).
+group_tree() {
+    ps -e -o pid=,ppid=,pgid= | awk -v group="$1" '
+        { parent[$1] = $2; if ($3 == group) tree[$1] = 1 }
+        END {
+            do {
+                grew = 0
+                for (pid in parent) if (!(pid in tree) && (parent[pid] in tree)) { tree[pid] = 1; grew = 1 }
+            } while (grew)
+            for (pid in tree) print pid
+        }'
 }
 
 run_trials() {

@@ -180,7 +180,8 @@ def fit(s, d, net, loss_fn, trainer, train_it, val_it, pos, saver, average=ema.O
                 say(d, f"checkpoint: {saver.save(pos)}")
             except InputError as err:  # the run goes on: the previous checkpoint stays current
                 say(d, f"rn50_mx: {err}")
-    return K.ABORTED
+    why = stops.settle()  # the steps since the last check: a run that diverged at its end says so and saves no model
+    return stop_diverged(s, d, trainer, checkpoint.Position(last, train_it.steps_per_epoch), why) if why else K.ABORTED
 
 
 def one_model(net, d):

@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 import time
 
+import psutil
 import pytest
 
 from tests.support import engine as engine_support
@@ -23,6 +24,7 @@ from tests.support.procs import ROOT, files_in
 from tests.support.settings import TINY, TINY_KEEP_CACHES
 
 NOBODY = 65534
+DATA_GROUP = 100  # Debian's `users`: the launcher's supplementary group, through which alone it reads the data
 IMAGE = engine_support.IMAGE
 
 
@@ -74,14 +76,18 @@ def as_nobody(script, home, engine, env=None, **popen):
     full_env = {"PATH": f"{home}/bin:/usr/bin:/bin", "HOME": str(home), **engine.env, **(env or {})}
     if "stdout" not in popen:
         popen.update(stdout=open(home / "out.txt", "w"), stderr=subprocess.STDOUT)
-    return subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "bash", "-c", script],
-                            env=full_env, cwd=home / "checkout", start_new_session=True, **popen)
+    return subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", f"--groups={DATA_GROUP}", "bash",
+                             "-c", script], env=full_env, cwd=home / "checkout", start_new_session=True, **popen)
 
 
 def data(three_classes, home):
-    """A copy of the three_classes set that nobody can read."""
+    """A copy of the three_classes set that nobody reads through its supplementary group only (root's, group
+    DATA_GROUP, mode 0750: `docker run --user` alone gives the primary group)."""
     folder = home / "data"
     shutil.copytree(three_classes, folder)
+    for path in [folder, *folder.iterdir()]:
+        shutil.chown(path, 0, DATA_GROUP)
+        os.chmod(path, 0o750 if path.is_dir() else 0o640)
     return str(folder)
 
 
@@ -191,6 +197,31 @@ def test_sigterm_reaches_training_in_the_container_and_the_next_launch_resumes_i
     assert mllog(logs / "s2_1.log", "resumed_from") == [f"/results/ckpt/{steps[0]}"]
     assert (logs / "ckpt" / "finished").read_text() == "run_stop success\n"
     assert set(owners(logs).values()) == {NOBODY}, owners(logs)
+
+
+@pytest.mark.slow
+def test_a_stopped_trial_whose_training_is_stuck_is_killed_container_and_all(engine, three_classes, home):
+    """A training that cannot act on the signal (stopped here with SIGSTOP, as a rank stuck in a collective): STOP_GRACE
+    seconds after the SIGTERM the launcher kills the trial, its container too (a killed `docker run` client leaves
+    it running), says so and exits 143. The old launcher waited for ever."""
+    logs = logdir(home)
+    env = {**TINY_KEEP_CACHES, "NUM_CLASSES": "3", "DATADIR": data(three_classes, home), "LOGDIR": str(logs),
+           "NEXP": "1", "DATESTAMP": "k", "NUMEPOCHS": "200", "ACCURACY_THRESHOLD": "1.0", "DISP_BATCHES": "1",
+           "STOP_GRACE": "3"}
+    proc = launch(env, home, engine)
+    deadline = time.time() + 600
+    while not ((logs / "k_1.log").exists() and "epoch 1 step 1/" in (logs / "k_1.log").read_text()):
+        assert proc.poll() is None and time.time() < deadline, (home / "out.txt").read_text()[-3000:]
+        time.sleep(0.2)
+    [training] = [p for p in psutil.process_iter(["cmdline", "uids"])
+                  if p.info["uids"].real == NOBODY and (p.info["cmdline"] or [])[1:3] == ["-m", "rn50_mx.train"]]
+    training.send_signal(signal.SIGSTOP)
+    proc.send_signal(signal.SIGTERM)
+    status, out = finished(proc, home, timeout=120)
+    assert status == 143, out[-3000:]
+    assert "run_with_docker.sh: stopped by SIGTERM: the trial still ran 3 s later; killed" in out, out[-3000:]
+    assert engine.docker("ps", "-q").stdout.strip() == ""
+    assert not psutil.wait_procs([training], timeout=15)[1]
 
 
 @pytest.mark.parametrize("case", ["no engine", "no image", "unreadable data"])

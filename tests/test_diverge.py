@@ -93,6 +93,23 @@ def test_a_checkpoint_of_a_stateless_optimizer_is_usable(tmp_path, capsys):
     chosen = checkpoint.newest_usable(str(folder), set_aside=False)
     assert chosen == str(folder / "step-2"), (sorted(os.listdir(folder)), capsys.readouterr().err)
 
+
+def test_a_divergence_in_a_run_s_last_steps_stops_it_as_diverged_with_no_model(tmp_path):
+    """One epoch of 4 steps, NaN from step 2: the check issued at step 4 is the run's last, read by no later one. It
+    is read when the run ends: exit 78, the one line, run_stop aborted, no model. The old code ended the run as a
+    missed target (exit 0, no `diverged`) and saved the NaN model."""
+    log, model = tmp_path / "mlperf.log", tmp_path / "model"
+    flags = [*SYNTHETIC, "--num-examples", "16", "--num-epochs", "1", "--lr", "1e30", "--mllog-file", str(log),
+             "--save-model", str(model)]
+    result = run_worker(tmp_path / "steps", flags)
+    assert result.returncode == checkpoint.DIVERGED_EXIT, result.stdout[-2000:] + result.stderr[-2000:]
+    [line] = diverged_lines(result.stdout)
+    assert line.startswith("diverged at epoch 1 step 4: loss nan over the run's steps 1-4 "), line
+    assert [key for key, _, _ in events(log)][-2:] == ["diverged", "run_stop"]
+    assert len(losses(tmp_path / "steps")) == 4
+    assert not any(name.startswith("model") for name in os.listdir(tmp_path))
+
+
 def test_two_ranks_stop_at_the_same_step_when_one_rank_s_loss_goes_past_the_limit_first(tmp_path):
     """Two Gloo ranks launched with different learning rates (a launch whose ranks got different environments: rank 1
     LR 20, rank 0 LR 0): rank 1's loss on its own synthetic batch goes past 1000 ln 3 at its second step while rank 0's

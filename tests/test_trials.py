@@ -483,18 +483,35 @@ def test_sigterm_before_the_first_trial_stops_the_self_test(shared, tmp_path):
     assert "Beginning trial" not in text
 
 
-def test_a_stopped_group_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
-    """The launcher waits for the whole stopped group (a trial's checkpoint is written after the signal), but never
-    for ever: a process ignoring SIGTERM is killed STOP_GRACE seconds later, with a line. The old launcher waited for
-    the group's leader only and left the process running."""
-    stubborn = "trap '' TERM; while :; do sleep 0.1; done"
-    command = ["bash", "-c", f"set -euo pipefail; LAUNCHER=test; source trials.sh; STOP_GRACE=2; "
-                             f"run_in_group bash -c {stubborn!r}"]
-    status, text = sigterm_to(command, tmp_path / "out.txt",
-                              lambda out, procs: any("trap ''" in " ".join(p.cmdline()) for p in procs))
-    assert status == 143, text
-    assert text.splitlines() == ["test: stopped by SIGTERM: the group still ran 2 s later; killed",
-                                 "test: stopped by SIGTERM before the first trial; no further trial runs"]
+IGNORES_SIGTERM = """import signal, sys
+if sys.orig_argv[1:3] == ["-m", "rn50_mx.train"]:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as a rank stuck in a collective, which never runs its handler
+"""
+
+
+@pytest.mark.slow
+def test_a_stopped_trial_still_running_after_the_grace_is_killed_training_included(shared, tmp_path):
+    """The launcher waits for a stopped trial (its checkpoint is written after the signal), but not for ever: a training
+    that ignores SIGTERM is killed STOP_GRACE seconds later with a line, though it runs in a process group of its own
+    (run_and_time.sh's). The old launcher waited for ever (run_and_time.sh waits for the training); a kill of the
+    trial's group alone left the training running."""
+    env = {**TINY_KEEP_CACHES, "NUMEPOCHS": "200", "ACCURACY_THRESHOLD": "1.0", "DATADIR": shared["data"],
+           "LOGDIR": str(tmp_path / "logs"), "NEXP": "1", "DATESTAMP": "t", "STOP_GRACE": "3",
+           **site(tmp_path, IGNORES_SIGTERM)}
+    text = sigterm_to_run_with_docker(env, tmp_path / "out.txt",
+                                      lambda out, procs: '"key": "epoch_start"' in out and runs(procs, "rn50_mx.train"))
+    assert "run_with_docker.sh: stopped by SIGTERM: the trial still ran 3 s later; killed" in text, text[-3000:]
+    assert text.strip().splitlines()[-1] == (
+        "run_with_docker.sh: stopped by SIGTERM in trial 1 of 1 (no run_stop); no further trial runs")
+
+
+@pytest.mark.parametrize("grace", ["0", "-1", "2.5", "1e3", "1234567"])
+def test_a_bad_stop_grace_is_one_line_before_any_trial(shared, tmp_path, grace):
+    logs = tmp_path / "logs"
+    command, _ = launcher("./run_with_docker.sh", {**TINY_KEEP_CACHES, "DATADIR": shared["data"], "LOGDIR": str(logs),
+                                                   "STOP_GRACE": grace})
+    assert_one_line_naming(run(command), f"STOP_GRACE={grace}: expected whole seconds")
+    assert files_in(logs) == []
 
 
 def signal_each(proc, signum):
