@@ -108,6 +108,15 @@ def finished(proc, home, timeout=900):
     return status, (home / "out.txt").read_text()
 
 
+def past_the_first_step(proc, log, home):
+    """`proc` (a launch) once its trial's `log` shows the first training step; a launch that ends first fails."""
+    deadline = time.time() + 600
+    while not (log.exists() and "epoch 1 step 1/" in log.read_text()):
+        assert proc.poll() is None and time.time() < deadline, (home / "out.txt").read_text()[-3000:]
+        time.sleep(0.2)
+    return proc
+
+
 def logdir(home):
     folder = home / "logs"
     folder.mkdir()
@@ -174,15 +183,12 @@ def test_sigterm_reaches_training_in_the_container_and_the_next_launch_resumes_i
     env = {**TINY_KEEP_CACHES, "NUM_CLASSES": "3", "DATADIR": data(three_classes, home), "LOGDIR": str(logs), "NEXP": "1",
            "SEED": "7", "DATESTAMP": "s", "NUMEPOCHS": "3", "EVAL_PERIOD": "3", "EVAL_OFFSET": "2", "DISP_BATCHES": "1",
            "RN50_CHECKPOINT_DIR": "/results/ckpt"}
-    proc = launch(env, home, engine)
-    deadline = time.time() + 600
-    while not ((logs / "s_1.log").exists() and "epoch 1 step 1/" in (logs / "s_1.log").read_text()):
-        assert proc.poll() is None and time.time() < deadline, (home / "out.txt").read_text()[-3000:]
-        time.sleep(0.2)
+    proc = past_the_first_step(launch(env, home, engine), logs / "s_1.log", home)
     proc.send_signal(signal.SIGTERM)
     status, out = finished(proc, home, timeout=300)
     assert status == 75, out[-3000:]
     assert "run_with_docker.sh: stopped by SIGTERM in trial 1 of 1: stopped, resumable; no further trial runs" in out
+    deadline = time.time() + 300
     while engine.docker("ps", "-q").stdout.strip():  # the container ends once its checkpoint is written
         assert time.time() < deadline, engine.docker("ps").stdout
         time.sleep(0.5)
@@ -208,11 +214,7 @@ def test_a_stopped_trial_whose_training_is_stuck_is_killed_container_and_all(eng
     env = {**TINY_KEEP_CACHES, "NUM_CLASSES": "3", "DATADIR": data(three_classes, home), "LOGDIR": str(logs),
            "NEXP": "1", "DATESTAMP": "k", "NUMEPOCHS": "200", "ACCURACY_THRESHOLD": "1.0", "DISP_BATCHES": "1",
            "STOP_GRACE": "3"}
-    proc = launch(env, home, engine)
-    deadline = time.time() + 600
-    while not ((logs / "k_1.log").exists() and "epoch 1 step 1/" in (logs / "k_1.log").read_text()):
-        assert proc.poll() is None and time.time() < deadline, (home / "out.txt").read_text()[-3000:]
-        time.sleep(0.2)
+    proc = past_the_first_step(launch(env, home, engine), logs / "k_1.log", home)
     [training] = [p for p in psutil.process_iter(["cmdline", "uids"])
                   if p.info["uids"].real == NOBODY and (p.info["cmdline"] or [])[1:3] == ["-m", "rn50_mx.train"]]
     training.send_signal(signal.SIGSTOP)
