@@ -7,7 +7,7 @@ import sys
 from .errors import InputError
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exit_codes.sh")
-NAMES = ("MISSED_EXIT", "RESUMABLE_EXIT", "DIVERGED_EXIT")
+NAMES = ("MISSED_EXIT", "RESUMABLE_EXIT", "DIVERGED_EXIT", "STALLED_EXIT")
 
 
 def read_codes(path=SOURCE):
@@ -35,4 +35,4 @@ try:
 except InputError as _err:  # at import, before any command's own handler: its one line, not a traceback
     print(f"rn50_mx: error: {_err}", file=sys.stderr)
     raise SystemExit(2) from None
-RESUMABLE_EXIT, DIVERGED_EXIT = _CODES["RESUMABLE_EXIT"], _CODES["DIVERGED_EXIT"]  # MISSED_EXIT: run_and_time.sh's
+RESUMABLE_EXIT, DIVERGED_EXIT, STALLED_EXIT = (_CODES[name] for name in NAMES[1:])  # MISSED_EXIT: run_and_time.sh's

@@ -1,0 +1,56 @@
+"""The standard hostile values, stated once for every hostile table (the launchers' variables, the tools' flags, the
+files each folder format holds): a value is either a text given where a name is expected (NAMES) or a thing planted at
+the path an input names (PLANTS). A table runs each input through all of them; where a case is legitimately different,
+the table says why in one line."""
+import os
+
+# Texts given in place of a path, a stamp or an image name: each must reach a command as a name, never as an option,
+# and be shown escaped on one line.
+NAMES = {
+    "leading dash": "-x",
+    "newline": "a\nb",
+    "glob characters": "a*[?]",
+    "colon": "a:b",
+    "empty": "",
+}
+
+
+def missing(path):
+    """Nothing at `path`."""
+
+
+def directory(path):
+    os.mkdir(path)
+
+
+def fifo(path):
+    """A FIFO no one writes: a reader that opens it without asking what it is waits forever."""
+    os.mkfifo(path)
+
+
+def link_elsewhere(path):
+    """A link to a file outside the run's folders, which must never be read as the input nor written through."""
+    victim = f"{path}.victim"
+    with open(victim, "w") as f:
+        f.write("the victim's own content\n")
+    os.symlink(os.path.basename(victim), path)
+
+
+def unreadable(path):
+    """A file its owner cannot read (root reads through chmod: a test as root checks the refusal another way)."""
+    with open(path, "w") as f:
+        f.write("x\n")
+    os.chmod(path, 0)
+
+
+def empty(path):
+    open(path, "w").close()
+
+
+PLANTS = {f.__name__.replace("_", " "): f for f in (missing, directory, fifo, link_elsewhere, unreadable, empty)}
+
+
+def victim_intact(path):
+    """True when the file a planted link pointed at still holds its own content."""
+    with open(f"{path}.victim") as f:
+        return f.read() == "the victim's own content\n"
