@@ -197,6 +197,12 @@ class Settings:
     disp_batches: int = _opt(20, "progress line every N steps", env="DISP_BATCHES", low=1, high=1_000_000)
     exit_timeout: int = _opt(90, "seconds a process may take to exit after run_stop before SIGALRM ends it",
                              env="RN50_EXIT_TIMEOUT", low=1, high=86_400)
+    stall_seconds: int = _opt(600, "the progress watchdog's floor: a rank that completes nothing (a batch, a step, a "
+                              "stop check, an eval, a checkpoint) for longer than this many seconds and than 20 times "
+                              "its slowest recent interval prints every thread's stack and one line, and the run stops "
+                              "(MLPerf `stalled`, run_stop aborted, exit 79); it must cover the warm-up's longest part "
+                              "(graph build, autotuning); 0 = no watchdog", env="RN50_STALL_SECONDS", low=0,
+                              high=86_400)
     standin: str = _opt("off", "a stand-in GPU build on this CPU (rn50_mx/standin): devices = each rank on a CPU "
                         "context of its own, cpu(1 + local rank), mixed contexts refused; gpu = that plus CPU twins of "
                         "the kernels the CPU lacks, NVIDIA's fused operators and Python layer (python -m "
