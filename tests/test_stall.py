@@ -23,8 +23,9 @@ import pytest
 
 from tests.support.bad_values import fifo
 from tests.support.mllog import events
-from tests.support.procs import PYTHONPATH, ROOT, clean_environ, gloo_ranks, wait_for
-from rn50_mx import checkpoint, config
+from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, clean_environ, config_environ, gloo_ranks, wait_for
+from tests.support.settings import TINY
+from rn50_mx import checkpoint, config, timing
 from rn50_mx.exits import STALLED_EXIT
 from rn50_mx.rehearse.stages import rank_pid
 
@@ -58,7 +59,7 @@ def test_a_reader_that_never_returns_ends_the_run_and_keeps_the_last_checkpoint(
     """2 epochs of 6 steps, a checkpoint after epoch 1, and the train reader stuck on epoch 2's third batch: the run
     ends at its bound with the stack (the main thread in the reader, under train_epoch), one line (rank 0, data wait,
     epoch 2 step 2, the seconds past the bound), `stalled` and run_stop aborted, exit 79; the checkpoint of epoch 1
-    stays the newest usable and the folder is not marked ended. The old code
+    stays the newest usable and the folder is not marked ended; timing shows the run as stalled. The old code
     waited for the reader forever (here it refused --stall-seconds)."""
     never, folder, log = tmp_path / "never", tmp_path / "ckpt", tmp_path / "run.log"
     fifo(never)
@@ -77,6 +78,10 @@ def test_a_reader_that_never_returns_ends_the_run_and_keeps_the_last_checkpoint(
     assert lines[-2][1] == reason and lines[-2][2]["phase"] == "data wait" and lines[-2][2]["step"] == 2
     assert checkpoint.newest_usable(str(folder), set_aside=False) == str(folder / "step-6")
     assert sorted(os.listdir(folder)) == ["lock", "step-6"]
+    run = timing.read_run(str(log), "1.0.0")
+    assert run.status == "aborted" and run.stalled == f"stalled: {reason}" and timing.drop_reason(run) == run.stalled
+    report = timing.format_report(timing.build_report([run], "1.0.0", False)).splitlines()
+    assert report[1].split()[3] == "stalled" and f"run.log: stalled: {reason}" in report, report
 
 
 def test_a_stopped_rank_ends_the_run_from_rank_0_and_leaves_nothing_running(tmp_path):
@@ -170,6 +175,42 @@ def test_the_bound_follows_the_run_s_pace_and_a_rank_other_than_0_leaves_the_ver
     last = result.stderr.splitlines()[-1]
     assert re.fullmatch(r"rn50_mx\.train: stalled: rank 1 made no progress for ([\d.]+) s in step at epoch 1 step 0 "
                         r"\(bound ([\d.]+) s\): rank 0 has not ended the run; this rank ends \(exit 79\)", last), last
+
+
+def test_a_stall_fails_the_search_s_trial_and_timing_reads_a_log_that_stalled_before_run_start(tiny_data, tmp_path,
+                                                                                                monkeypatch):
+    """A trial whose floor (1 s) is shorter than its warm-up's graph build: training stops itself there (`stalled`
+    before run_start, run_stop aborted, exit 79); the search tells the study the trial failed, in training's words,
+    neither pruned nor complete; timing reads the log (no run_start) as a stalled run. The old code completed the
+    trial."""
+    import optuna
+
+    from rn50_mx import search
+    from rn50_mx.search import driver, space
+
+    environ = {**config_environ("CPU"), **TINY, "DATADIR": tiny_data, "PATH": ENV_PATH, **PYTHONPATH,
+               "RN50_STALL_SECONDS": "1"}
+    for name in list(os.environ):
+        monkeypatch.delenv(name)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    s, args, knobs = search.prepare(["--results", str(tmp_path / "res"), "--out", str(tmp_path / "cfg"), "--knob",
+                                     "EVAL_OFFSET=0:1", "--trials", "1", "--finalists", "0"])
+    os.makedirs(args.results)
+    loop = driver.Driver(s, args, knobs, search.open_study(args, knobs, s), args.results)
+    loop.study.enqueue_trial(space.start(s, knobs))  # the sourced settings first, as Driver.run starts
+    loop.launch()
+    [slot] = loop.slots
+    deadline = time.time() + 300
+    while not loop.poll(slot):
+        assert time.time() < deadline
+        time.sleep(0.5)
+    [trial] = loop.study.get_trials()
+    assert trial.state == optuna.trial.TrialState.FAIL, trial
+    assert re.fullmatch(r"stalled: rank 0 made no progress for [\d.]+ s in warm-up before run_start \(bound 1\.0 s\)",
+                        trial.user_attrs["why"]), trial.user_attrs
+    run = timing.read_run(slot.current.log, "1.0.0")
+    assert run.stalled == trial.user_attrs["why"] and run.status == "aborted" and run.minutes is None
 
 
 @pytest.mark.parametrize("value", ["-1", "86401", "1.5", "x"])
