@@ -223,6 +223,24 @@ def test_a_bad_floor_is_one_line_naming_it(value):
         assert re.match(f"{name}='?{re.escape(value)}'?: (must be|expected int)", str(refused.value)), refused.value
 
 
+SYSTEMS = [name[:-3] for name in sorted(os.listdir(os.path.join(ROOT, "config")))
+           if name.endswith(".sh") and not name.endswith("_common.sh") and name != "CPU.sh"]
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_gpu_configs_shut_horovod_down_only_well_after_the_watchdog_s_verdict(system):
+    """Each GPU config sets Horovod's stall warning (60 s) and shutdown, the shutdown above the warning (Horovod
+    ignores it otherwise) and at least twice the watchdog's floor; a floor raised to the shutdown is refused in one
+    line. The old configs set neither."""
+    environ = config_environ(system)
+    check, shutdown = (int(environ[f"HOROVOD_STALL_{name}_TIME_SECONDS"]) for name in ("CHECK", "SHUTDOWN"))
+    floor = config.load([], environ).stall_seconds
+    assert check < shutdown and shutdown >= 2 * floor, (check, shutdown, floor)
+    with pytest.raises(config.SettingsError, match=f"^HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={shutdown} is not above "
+                                                   f"RN50_STALL_SECONDS={shutdown}: "):
+        config.load([], {**environ, "RN50_STALL_SECONDS": str(shutdown)})
+
+
 if __name__ == "__main__":
     from rn50_mx import train
     from rn50_mx.data import iters
