@@ -32,6 +32,7 @@ from mlperf_logging.mllog import constants as K
 
 from . import config
 from . import mlperf_log as log
+from .errors import InputError
 from .exits import STALLED_EXIT
 
 MULTIPLE = 20  # a 10x slowdown of the slowest recent interval still leaves it half its bound (docs/reliability.md)
@@ -158,10 +159,14 @@ def write_report(line, stacks, reason, meta):
     if stacks:
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
     print(line, file=sys.stderr, flush=True)
-    if meta is not None:
+    if meta is None:
+        return
+    try:
         log.event("stalled", reason, metadata=meta)
         log.end(K.RUN_STOP, metadata={K.STATUS: K.ABORTED})
-        sys.stdout.flush()
+    except InputError as err:  # the log's disk is full: the verdict stands, without its lines
+        print(f"rn50_mx.train: error: {err}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
 
 
 _watch = Off()  # this process's watchdog: train.run starts and stops it; every other use of the package sees Off

@@ -11,6 +11,7 @@ are not available to the suite. So the Nth read blocks in open(2), in C with the
 thread blocks on a hung file system (a DALI file reader given a FIFO blocks pipe.run() so, other Python threads
 running on: checked with DALI 2.4.0 while writing this). The real DALI pipeline delivers every earlier batch."""
 import itertools
+import json
 import os
 import re
 import signal
@@ -23,7 +24,8 @@ import pytest
 
 from tests.support.bad_values import fifo
 from tests.support.mllog import events
-from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, clean_environ, config_environ, gloo_ranks, wait_for
+from tests.support.procs import (ENV_PATH, PYTHONPATH, ROOT, clean_environ, config_environ, gloo_ranks, mounted,
+                                 wait_for)
 from tests.support.settings import TINY
 from rn50_mx import checkpoint, config, timing
 from rn50_mx.exits import STALLED_EXIT
@@ -175,6 +177,60 @@ def test_the_bound_follows_the_run_s_pace_and_a_rank_other_than_0_leaves_the_ver
     last = result.stderr.splitlines()[-1]
     assert re.fullmatch(r"rn50_mx\.train: stalled: rank 1 made no progress for ([\d.]+) s in step at epoch 1 step 0 "
                         r"\(bound ([\d.]+) s\): rank 0 has not ended the run; this rank ends \(exit 79\)", last), last
+
+
+# Rank 0's watchdog over a loop that marks once and then waits, its MLPerf log on a disk that filled after it opened.
+FULL_LOG = """
+import os, sys, time
+from rn50_mx import mlperf_log, watchdog
+mlperf_log.configure(0, sys.argv[1])
+filler = os.open(os.path.join(os.path.dirname(sys.argv[1]), "filler"), os.O_WRONLY | os.O_CREAT)
+try:
+    while os.write(filler, bytes(65536)):
+        pass
+except OSError:
+    pass
+watchdog.Watchdog(0.3, rank=0).mark(watchdog.DATA_WAIT)
+time.sleep(60)
+"""
+
+
+def test_a_verdict_whose_log_line_cannot_be_written_is_one_more_line_and_still_exit_79(tmp_path):
+    """The MLPerf log's disk full at the verdict: the stack and the stall line, then one line naming the log and the
+    full disk (no traceback from the writer's thread), and exit 79 all the same. The old code had no watchdog."""
+    with mounted(tmp_path / "full", "size=256k") as folder:
+        result = subprocess.run([sys.executable, "-c", FULL_LOG, os.path.join(folder, "run.log")],
+                                env={**clean_environ(), **PYTHONPATH}, cwd=ROOT, capture_output=True, text=True,
+                                timeout=120)
+    assert result.returncode == STALLED_EXIT and "Traceback" not in result.stderr, result.stderr
+    [(line, *_)] = stalled(result.stderr)
+    assert result.stderr.splitlines()[-1] == (f"rn50_mx.train: error: {folder}/run.log: cannot write the MLPerf log "
+                                              "(No space left on device); the run stops: its log would not hold the "
+                                              "whole run"), result.stderr
+
+
+def write_log(path, lines):
+    """An MLPerf log of (key, value, metadata) lines, as a user or another tool may have written it."""
+    path.write_text("".join(':::MLLOG {"namespace": "", "time_ms": %d, "event_type": "POINT_IN_TIME", "key": "%s", '
+                            '"value": %s, "metadata": %s}\n' % (i, key, json.dumps(value), json.dumps(meta))
+                            for i, (key, value, meta) in enumerate(lines)))
+    return str(path)
+
+
+@pytest.mark.parametrize("value, shown", [("two\nlines\x1b[2J", "two\\nlines\\x1b[2J"), ({"a": [1]}, "{'a': [1]}"),
+                                          (None, "None")])
+def test_a_stalled_line_someone_else_wrote_is_one_line_and_never_the_verdict_of_a_success(tmp_path, value, shown):
+    """A `stalled` value that is no text, or text with a line break or a terminal escape, is shown on one line; a
+    `stalled` line before a run_stop success leaves the run a success (run_stop is the verdict, as for `diverged`).
+    The old code had no `stalled`."""
+    aborted = timing.read_run(write_log(tmp_path / "a.log", [("run_start", None, {}), ("stalled", value, {}),
+                                                             ("run_stop", None, {"status": "aborted"})]), "1.0.0")
+    assert aborted.stalled == f"stalled: {shown}"
+    report = timing.format_report(timing.build_report([aborted], "1.0.0", False))
+    assert f"a.log: stalled: {shown}" in report.splitlines()
+    success = timing.read_run(write_log(tmp_path / "s.log", [("run_start", None, {}), ("stalled", value, {}),
+                                                             ("run_stop", None, {"status": "success"})]), "1.0.0")
+    assert success.status == "success" and success.stalled is None
 
 
 def test_a_stall_fails_the_search_s_trial_and_timing_reads_a_log_that_stalled_before_run_start(tiny_data, tmp_path,
