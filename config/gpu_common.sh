@@ -34,6 +34,19 @@ export HOROVOD_CYCLE_TIME=0.1  # ms between background cycles
 export HOROVOD_FUSION_THRESHOLD=67108864  # 64 MiB: holds the ~51 MB of fp16 gradients
 export HOROVOD_NUM_NCCL_STREAMS=2  # the reference's common file said 1, every config 2
 export MXNET_HOROVOD_NUM_GROUPS=1  # gradients in one grouped allreduce call per step
+# Horovod 0.28.1's stall check (horovod/common/stall_inspector.cc, run by rank 0 in each cycle of its background loop,
+# controller.cc:139-150): every HOROVOD_STALL_CHECK_TIME_SECONDS it names on stderr the ranks that have not submitted
+# a tensor the others have (stall_inspector.cc:42-108): a rank whose training thread is stuck (a reader, a data worker)
+# while Horovod's own thread still cycles, which rn50_mx's progress watchdog on rank 0 cannot name. Past
+# HOROVOD_STALL_SHUTDOWN_TIME_SECONDS (obeyed only above the check time: stall_inspector.cc:35-40, horovodrun --help's
+# "--stall-check-shutdown-time-seconds ... Shutdown will only take place if this value is greater than the warning
+# time") it shuts Horovod down on every rank, whose waiting collectives then fail ("Horovod has been shut down"): the
+# job ends, exit 1, with no `stalled` line and no requeue. Neither acts when a rank's Horovod thread is blocked too (a
+# stopped process, a hung NCCL kernel: rank 0's own coordination waits). So the shutdown is a backstop only, at twice
+# the watchdog's floor (RN50_STALL_SECONDS, 600 s by default; rn50_mx refuses a shutdown at or below it): the
+# watchdog's verdict (every thread's stack, exit 79, run.sub's requeue) comes first (docs/reliability.md).
+export HOROVOD_STALL_CHECK_TIME_SECONDS=60
+export HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=1200
 
 ## MXNet. MXNET_ENABLE_CUDA_GRAPHS is read by stock MXNet 1.9.1 too (src/executor/cuda_graphs.h): GPU op segments
 ## of blocks hybridized with static_alloc/static_shape run conventionally once, then are captured and replayed;

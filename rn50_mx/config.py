@@ -197,6 +197,12 @@ class Settings:
     disp_batches: int = _opt(20, "progress line every N steps", env="DISP_BATCHES", low=1, high=1_000_000)
     exit_timeout: int = _opt(90, "seconds a process may take to exit after run_stop before SIGALRM ends it",
                              env="RN50_EXIT_TIMEOUT", low=1, high=86_400)
+    stall_seconds: int = _opt(600, "the progress watchdog's floor: a rank that completes nothing (a batch, a step, a "
+                              "stop check, an eval, a checkpoint) for longer than this many seconds and than 20 times "
+                              "its slowest recent interval prints every thread's stack and one line, and the run stops "
+                              "(MLPerf `stalled`, run_stop aborted, exit 79); it must cover the warm-up's longest part "
+                              "(graph build, autotuning); 0 = no watchdog", env="RN50_STALL_SECONDS", low=0,
+                              high=86_400)
     standin: str = _opt("off", "a stand-in GPU build on this CPU (rn50_mx/standin): devices = each rank on a CPU "
                         "context of its own, cpu(1 + local rank), mixed contexts refused; gpu = that plus CPU twins of "
                         "the kernels the CPU lacks, NVIDIA's fused operators and Python layer (python -m "
@@ -706,7 +712,24 @@ def resolve(argv=None, environ=None, prog="rn50_mx.train"):
             values[name], origins[name] = os.path.join(values["datadir"], file), "DATADIR"
     settings = fall_back(Settings(**values), origins)
     validate(settings, origins)
+    check_horovod_stall(settings, environ, origins)
     return settings, origins
+
+
+HOROVOD_STALL_SHUTDOWN = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"  # read by Horovod, not by rn50_mx (gpu_common.sh)
+
+
+def check_horovod_stall(s, environ, origins):
+    """Horovod's own stall shutdown (config/gpu_common.sh says what it does) at or below the progress watchdog's floor
+    would end a stalled run first, with errors on every rank instead of the watchdog's verdict: refused. Horovod
+    reads the variable with strtol: a value that is not a number is 0, no shutdown."""
+    text = environ.get(HOROVOD_STALL_SHUTDOWN, "").strip()
+    shutdown = int(text) if text.isdecimal() else 0
+    if s.kv_store == "horovod" and s.stall_seconds and 0 < shutdown <= s.stall_seconds:
+        raise SettingsError(f"{HOROVOD_STALL_SHUTDOWN}={text} is not above {given_as('stall_seconds', origins)}="
+                            f"{s.stall_seconds}: Horovod would shut a stalled run down (errors on every rank, exit 1) "
+                            "before the progress watchdog gives its verdict (stacks, exit 79); set it above the floor "
+                            "(config/gpu_common.sh sets twice the default)")
 
 
 def load(argv=None, environ=None, prog="rn50_mx.train"):

@@ -33,7 +33,7 @@ from mlperf_logging.result_summarizer import result_summarizer
 from . import files
 from .mlperf_rules import (BENCHMARK, DEFAULT_RULESET, MAX_DROPPED, PRUNED, RUNS_NEEDED, TARGET_TOP1, USAGE,
                            load_checker, rcp_file)
-from .errors import InputError, run_cli
+from .errors import InputError, printable, run_cli
 
 # training_policies PR #503: runs faster than the RCP mean are scaled to it from the v2.1 round on; the
 # installed RCP checker computes the factor for every ruleset, so older rulesets must not apply it.
@@ -68,6 +68,7 @@ class Run:
     compliance_reason: str = ""  # the checker's first complaint, on one line
     division: Optional[str] = None  # submission_division: closed, or open for a run with open-division levers
     diverged: Optional[str] = None  # training's verdict that the loss diverged (its `diverged` line; run_stop aborted)
+    stalled: Optional[str] = None  # the progress watchdog's verdict (its `stalled` line; run_stop aborted, exit 79)
 
     @property
     def resumed(self):
@@ -143,12 +144,12 @@ def read_run(path, ruleset):
         raise InputError(f"{path}: no :::MLLOG lines")
     starts = sum(line.key == "run_start" for line in lines)
     resumes = sum(line.key == "resumed_from" for line in lines)
-    if not starts:
+    if not starts and not any(line.key == "stalled" for line in lines):  # a run may stall before run_start
         raise InputError(f"{path}: no run_start in its MLLOG lines")
     if starts > 1 + resumes:  # a resumed run continues its run's log: one run_start per part
         raise InputError(f"{path}: holds {starts} runs (run_start {starts} times); a log scores one run: give "
                          "each run its own file")
-    first, evals, speed, epoch, status, diverged = {}, [], {}, None, "missing", None
+    first, evals, speed, epoch, status, diverged, stalled = {}, [], {}, None, "missing", None, None
     for line in lines:
         value, meta = line.value["value"], line.value["metadata"] or {}
         first.setdefault(line.key, value)
@@ -163,16 +164,19 @@ def read_run(path, ruleset):
             speed[point_epoch] = rate  # throughput and tracked_stats repeat each other in the v1.0 logs
         if line.key == "diverged":
             diverged = f"diverged at epoch {meta.get('epoch_num')} step {meta.get('step')}: {value}"
+        if line.key == "stalled":
+            stalled = f"stalled: {printable(str(value))[:300]}"  # one line, whoever wrote the log
         if line.key == "run_stop":
             status = meta.get("status", "no status")
             break
-    if status == "success":  # run_stop is the verdict: a `diverged` line before a success was not training's
-        diverged = None
+    if status == "success":  # run_stop is the verdict: a `diverged` or `stalled` line before it was not training's
+        diverged = stalled = None
     if resumes:  # the rules time one uninterrupted run; the parts' run_start..run_stop is no such time
         status = RESUMED
     return Run(
         path=path,
-        minutes=None if status in ("missing", RESUMED) else result_summarizer._query_mlperf_strong_scaling_score(lines),
+        minutes=None if status in ("missing", RESUMED) or not starts else
+        result_summarizer._query_mlperf_strong_scaling_score(lines),
         status=status,
         converged_epoch=evals[-1][0] if status == "success" and evals else None,
         top1=evals[-1][1] if evals else None,
@@ -182,6 +186,7 @@ def read_run(path, ruleset):
         platform=first.get("submission_platform"),
         division=first.get("submission_division"),
         diverged=diverged,
+        stalled=stalled,
         unparsed_lines=len(unparsed),
         evals=evals,
         throughput=[[e, speed[e]] for e in sorted(speed)],
@@ -232,8 +237,8 @@ def drop_reason(run):
     """Why the score drops this run."""
     if run.resumed:
         return f"{RESUMED} (not one uninterrupted run)"
-    if run.diverged:
-        return run.diverged
+    if run.diverged or run.stalled:
+        return run.diverged or run.stalled
     return f"run_stop {run.status}" if run.status != "success" else "failed the compliance check"
 
 
@@ -380,16 +385,21 @@ def format_rcp(rcp, ruleset):
     return text + "; no normalization" if rcp["passed"] is not None else text
 
 
+def verdict_of(run):
+    """The status column: training's own verdict (diverged, stalled) where it gave one, else run_stop's status."""
+    return "diverged" if run["diverged"] else "stalled" if run["stalled"] else run["status"]
+
+
 def format_report(report):
     """The runs as a table, then the checker's reasons for failed runs, the score and the RCP verdict."""
     table = [["run", "division", "minutes", "status", "conv.epoch", "top-1", "seed", f"checker {report['ruleset']}"]]
     table += [[run["name"], str(run["division"]), number(run["minutes"], ".3f"),
-               "diverged" if run["diverged"] else run["status"], number(run["converged_epoch"], ""),
+               verdict_of(run), number(run["converged_epoch"], ""),
                number(run["top1"], ".4f"), number(run["seed"], ""), run["compliance"]] for run in report["runs"]]
     rows = columns(table)
     for run in report["runs"]:
-        if run["diverged"]:
-            rows.append(f"{run['name']}: {run['diverged']}")
+        if run["diverged"] or run["stalled"]:
+            rows.append(f"{run['name']}: {run['diverged'] or run['stalled']}")
         if run["compliance_reason"]:
             rows.append(f"{run['name']}: {run['compliance_reason']}")
         if run["unparsed_lines"]:

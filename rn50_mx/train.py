@@ -22,7 +22,7 @@ import mxnet as mx
 import numpy as np
 from mlperf_logging.mllog import constants as K
 
-from . import checkpoint, config, data, dist, ema, model, optim
+from . import checkpoint, config, data, dist, ema, model, optim, watchdog
 from . import mlperf_log as log
 from .errors import InputError, run_cli
 from .updates import Updates
@@ -62,7 +62,7 @@ def train_epoch(net, loss_fn, trainer, train_it, pos, s, stops, average, updates
     tic = time.time()
     loss_sum, images, resumed = mx.nd.array([pos.loss], ctx=train_it.context), pos.images, pos.images
     stops.begin(loss_sum, images, epoch * steps + pos.step)  # the loss it judges at each check
-    for batch in train_it:
+    for batch in watchdog.batches(train_it, epoch):  # each wait for a batch and each arrival marked
         size = updates.size(epoch, train_it.position) if updates else None
         loss_sum += train_step(net, loss_fn, trainer, batch, size)
         images += batch.data[0].shape[0]
@@ -161,6 +161,7 @@ def fit(s, d, net, loss_fn, trainer, train_it, val_it, pos, saver, average=ema.O
         log.event("throughput", speed * d.size, metadata={K.EPOCH_NUM: epoch + 1})
         line = f"epoch {epoch + 1}: {speed * d.size:.1f} img/s, data wait {wait:.1%}, loss {loss:.4f}"
         if epoch in evals and val_it is not None:
+            watchdog.mark(watchdog.EVAL)
             with average.swapped_in():  # the EMA's weights and statistics, when on
                 one_model(net, d)
                 top1, top5, n = evaluate(net, val_it, d, epoch, flip_axis(s))
@@ -257,6 +258,7 @@ def warm_up(net, loss_fn, trainer, s, ctx):
     val_x = mx.nd.zeros(data.batch_shape(s, train=False), ctx=ctx, dtype=s.input_dtype)
     for _ in range(2):
         scores(net, val_x, flip_axis(s)).wait_to_read()  # read before the training graph reuses the static memory
+        watchdog.mark(watchdog.WARM_UP)  # each graph build and run is progress: the floor covers the longest
     update = 1 if s.batch_schedule else None  # with --batch-schedule, each warm-up step clears its gradient sums
     for hw in reversed(s.train_sizes):  # every size of --prog-start-side's schedule; the first epoch's last
         zeros = mx.io.DataBatch(data=[mx.nd.zeros(data.batch_shape(s, hw=hw), ctx=ctx, dtype=s.input_dtype)],
@@ -264,6 +266,7 @@ def warm_up(net, loss_fn, trainer, s, ctx):
         for _ in range(2):
             train_step(net, loss_fn, trainer, zeros, update)
             mx.nd.waitall()
+            watchdog.mark(watchdog.WARM_UP)
     for p, value in zip(params, saved):
         p.set_data(value)
     optim.reset_trainer(trainer)
@@ -286,16 +289,17 @@ def run(s):
         if saver and saver.meta and s.seed is None:  # the resumed run draws from the seed the checkpoint's run drew
             s = s.replace(seed=saver.meta["seed"])
         log.configure(d.rank, s.mllog_file, saver.resumes() if saver else None)
-        log.start(K.INIT_START, every_rank=True)
-        if saver and saver.meta:
-            log.event("resumed_from", saver.resume, metadata={K.EPOCH_NUM: saver.meta["epoch"] + 1,
-                                                              "step": saver.meta["step"]})
-        log.submission(s)
-        base_seed, seed = rank_seed(s, d)
-        log.event(K.SEED, base_seed)
-        ctx = dist.context(s, d.local_rank)
-        with ctx:  # an array made without an explicit context lands on the run's device, never on cpu(0) by default
-            return train_on(s, d, ctx, base_seed, seed, saver)
+        with watchdog.watching(s, d.rank):  # from here to run_stop (train_on stops it)
+            log.start(K.INIT_START, every_rank=True)
+            if saver and saver.meta:
+                log.event("resumed_from", saver.resume, metadata={K.EPOCH_NUM: saver.meta["epoch"] + 1,
+                                                                  "step": saver.meta["step"]})
+            log.submission(s)
+            base_seed, seed = rank_seed(s, d)
+            log.event(K.SEED, base_seed)
+            ctx = dist.context(s, d.local_rank)
+            with ctx:  # an array made without an explicit context lands on the run's device, never on cpu(0)
+                return train_on(s, d, ctx, base_seed, seed, saver)
 
 
 def network(s, ctx, hybridize=True):
@@ -327,12 +331,14 @@ def train_on(s, d, ctx, base_seed, seed, saver):
             log.event(K.WEIGHTS_INITIALIZATION, metadata={"tensor": name})
     d.broadcast_params(net.collect_params())
     iters = data.build_iters(s, d.rank, d.size, seed, ctx)  # set-up: the pipelines, their readers not yet opened
+    watchdog.mark(watchdog.WARM_UP)  # the model, its broadcast and the pipelines done: progress
     warm_up(net, loss_fn, trainer, s, ctx)
     average = ema.make(net, trainer, s)  # after the warm-up: its first update made the master copies
     log.hyperparameters(s)
     log.end(K.INIT_STOP)
     d.barrier()
     log.start(K.RUN_START)
+    watchdog.mark(watchdog.DATA_WAIT)  # the run's pace counts from here
     train_it, val_it = data.open_iters(iters)  # the first time the data are touched
     assert train_it.steps_per_epoch == steps
     log.event(K.TRAIN_SAMPLES, train_it.num_samples)
@@ -344,6 +350,7 @@ def train_on(s, d, ctx, base_seed, seed, saver):
     if saver:
         checkpoint.default_signals()
     mx.nd.waitall()  # the last update's allreduces: a rank that exits with collectives queued fails its peers'
+    watchdog.stop()  # run_stop, or the resumable stop's exit, is the verdict now
     if status == checkpoint.RESUMABLE:
         return status
     log.end(K.RUN_STOP, metadata={K.STATUS: K.ABORTED if status == checkpoint.DIVERGED else status})

@@ -221,6 +221,10 @@ SHUTDOWN = "MXNetError: Horovod has been shut down. This was caused by an except
 MIXED = ("mxnet.base.MXNetError: Operator preloaded_multi_sgd_mom_update require all inputs live on the same "
          "context: {cpu(1), cpu(2)}")
 REFUSAL = "rn50_mx.standin.ngc.Refusal: Fused ReLU activation is only supported with float16 NHWC Batchnorm on Volta."
+STALL = ("rn50_mx.train: stalled: rank 0 made no progress for 38.3 s in step at epoch 1 step 5 (bound 37.8 s): in a "
+         "training step, or waiting for MXNet's engine to finish the steps the host issued, their allreduces included; "
+         "the bound is the larger of the floor, 20 s (--stall-seconds, RN50_STALL_SECONDS), and 20 x the slowest "
+         "recent interval (1.9 s); every thread's stack is above; the run stops (exit 79)")  # rank 1 stopped (SIGSTOP)
 FAILED_STAGES = [
     (f"""[0]<stdout>:epoch 3: 3.9 img/s
 [1]<stderr>:Traceback (most recent call last):
@@ -253,6 +257,12 @@ FAILED_STAGES = [
 [1]<stderr>:Traceback (most recent call last):
 [1]<stderr>:mxnet.base.MXNetError: {SHUTDOWN}
 {HOROVODRUN_TAIL}""", "rn50_mx.train: error: --save-model /w/resumed: cannot write (Horovod has been shut down.)"),
+    (f"""[0]<stdout>:  epoch 1 step 4/64: 3.3 img/s, lr 0.0879
+[0]<stderr>:Thread 0x00007feabda8db80 (most recent call first):
+[0]<stderr>:  File "/venv/lib/python3.11/site-packages/mxnet/ndarray/ndarray.py", line 2372 in wait_to_read
+[0]<stderr>:  File "/repo/rn50_mx/train.py", line 75 in train_epoch
+[0]<stderr>:{STALL}
+{HOROVODRUN_TAIL.replace("code 1", "code 79").replace("Exit code: 1", "Exit code: 79")}""", STALL[:300]),
     (HOROVODRUN_TAIL, "RuntimeError: Horovod detected that one or more processes exited with non-zero status, thus "
                       "causing the job to be terminated. The first process to do so was:"),
 ]

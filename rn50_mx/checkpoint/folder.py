@@ -13,7 +13,7 @@ import sys
 import mxnet as mx
 import numpy as np
 
-from .. import config, dist, ema, files, mlperf_log
+from .. import config, dist, ema, files, mlperf_log, watchdog
 from ..errors import InputError
 from . import trainer_file
 from .contents import Diverged, dali_problem
@@ -27,8 +27,8 @@ FINISHED = "finished"  # written when the run ends with run_stop: its checkpoint
 # chosen, the resolved dtype being compared); every other one must match the checkpoint's. The world size is compared
 # instead of the node and GPU counts.
 FREE = {"checkpoint_dir", "checkpoint_every", "save_model", "mllog_file", "disp_batches", "exit_timeout",
-        "cache_cleared", "submission_org", "dgxsystem", "dgxnnodes", "dgxngpu", "seed", "standin", "standin_sm",
-        "bfloat16_fallback"}
+        "stall_seconds", "cache_cleared", "submission_org", "dgxsystem", "dgxnnodes", "dgxngpu", "seed", "standin",
+        "standin_sm", "bfloat16_fallback"}
 
 
 def differences(saved, s, world):
@@ -135,6 +135,7 @@ class Checkpoints:
         net, trainer, iters, steps, base_seed, average = self.parts
         name = f"step-{pos.epoch * steps + pos.step}"
         tmp, final = os.path.join(self.dir, ".tmp-" + name), os.path.join(self.dir, name)
+        watchdog.mark(watchdog.CHECKPOINT)
         mx.nd.waitall()  # the last update's arrays are read below
         failure = self.attempt(lambda: self.d.rank == 0 and fresh_folder(tmp))
         failure = failure or self.attempt(lambda: self.write_rank_files(tmp, pos, net, trainer, iters, average))

@@ -7,6 +7,7 @@ import signal
 
 import mxnet as mx
 
+from .. import watchdog
 from ..dist import HOST
 
 CHECK_PERIOD = 4  # steps between the stop-flag allreduces (Stops.agreed)
@@ -103,6 +104,7 @@ class Stops:
         if check is None:
             return None
         sums, first, last = check
+        watchdog.mark(watchdog.ALLREDUCE)
         requests, past, loss, images = sums.asnumpy().tolist()  # the host read: the check period's one
         mean = loss / images if images else 0.0
         if not mean <= self.limit:  # the ranks' mean: a rank's batches alone can be noisy; NaN compares false

@@ -18,7 +18,9 @@ CHILD_TIMEOUT = 600
 GRACE = 20
 ERROR = re.compile(r"(?:Error|error|rn50_mx[.\w]*:|Fused|refuse|not supported|Check failed)")
 TRACEBACK = "Traceback (most recent call last):"
-FAILURE = re.compile(r"^(\[\d+\]<std(?:out|err)>:)(?:.*(" + re.escape(TRACEBACK) + r")|rn50_mx[.\w]*: error: )")
+# A rank's traceback, its one-line error, or the progress watchdog's verdict (rn50_mx/watchdog.py)
+FAILURE = re.compile(r"^(\[\d+\]<std(?:out|err)>:)(?:.*(" + re.escape(TRACEBACK) +
+                     r")|rn50_mx[.\w]*: (?:error|stalled): )")
 
 
 class StageFailed(Exception):

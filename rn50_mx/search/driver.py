@@ -177,8 +177,11 @@ class Driver:
                 slot.reported.add((len(slot.runs), epoch))
                 if len(slot.runs) == 1 and top1 is not None:
                     slot.trial.report(top1, epoch)
-        if state and state.diverged and not run.done():
-            return False  # training stops itself on a diverged loss: its run_stop and its exit come next
+        if state and (state.diverged or state.stalled) and not run.done():
+            return False  # training stops itself on a diverged loss or a stall: its run_stop and its exit come next
+        if state and state.stalled:  # a rank made no progress: a failure of the run, no finding about the values
+            slot.pruned = state.stalled
+            return self.end(slot, optuna.trial.TrialState.FAIL)
         why = trials.verdict(state, slot.s, self.curves(), self.args.prune_share, running=not run.done())
         if why:
             run.stop(why)  # a run that stopped itself has ended: nothing left to end
