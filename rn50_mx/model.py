@@ -406,8 +406,9 @@ def probe_blocks(layout, batch, image_hw):
     the network builds them, at its smallest maps for images of `image_hw` and the per-rank `batch`, each with the
     setting that turns its kernels off. bn0 (BN -> ReLU, the fused BatchNorm's only block once the bottlenecks run
     NormConv) on the stem's map; the last stage's projection unit (stride 2: 1x1 and 3x3 kernels at stride 2) and
-    its first identity unit (stride 1, the shortcut added as it is), on 7x7 maps at 224 px: every kernel, stride
-    and mode the bottlenecks run, fused BatchNorm or NormConv."""
+    its first identity unit (stride 1, the shortcut added as it is), on 14x14 and 7x7 maps at 224 px: every
+    operator, mode and kernel the bottlenecks run, at each stride but one (stage 1's projection shortcut, a 1x1
+    NormalizedConvolution of stride 1 on 56x56 maps, whose kernel and stride the other units' convolutions have)."""
     blocks = []
     if layout.fused:
         bn0 = layout.batchnorm(STEM_CHANNELS, "probe_bn0_", then="relu")

@@ -574,3 +574,20 @@ def test_a_gpu_that_refuses_one_wiring_is_told_the_other_before_rn50_normconv_0(
                                          r"RN50_NORMCONV_WIRING=mainloop-fl, which runs here, or RN50_NORMCONV=0$"):
         model.build_model(s, ctx)
     assert model.build_model(s.replace(normconv_wiring="mainloop-fl"), ctx).stages[0][0].wiring == "mainloop-fl"
+
+
+def test_the_wiring_is_a_setting_checked_like_the_others():
+    """RN50_NORMCONV_WIRING (--normconv-wiring): stats-fl by default (the v1.0 submission's), mainloop-fl, nothing
+    else; a bad value is one line naming where it came from."""
+    from rn50_mx import config
+
+    assert config.load([], {}).normconv_wiring == "stats-fl"
+    assert config.load([], {"RN50_NORMCONV_WIRING": "mainloop-fl"}).normconv_wiring == "mainloop-fl"
+    assert config.load(["--normconv-wiring", "stats-fl"], {"RN50_NORMCONV_WIRING": "mainloop-fl"}).normconv_wiring \
+        == "stats-fl"
+    for argv, environ, source in (([], {"RN50_NORMCONV_WIRING": "mainloop"}, "RN50_NORMCONV_WIRING='mainloop'"),
+                                  (["--normconv-wiring", ""], {}, "--normconv-wiring=''"),
+                                  ([], {"RN50_NORMCONV_WIRNG": "mainloop-fl"}, "RN50_NORMCONV_WIRNG: unknown variable")):
+        with pytest.raises(config.SettingsError, match=re.escape(source)):
+            config.load(argv, environ)
+    assert config.FIELDS["normconv_wiring"].metadata["choices"] == model.WIRINGS

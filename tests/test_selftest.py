@@ -321,7 +321,7 @@ def test_the_build_rows_fail_only_on_what_the_network_passes(monkeypatch):
                                       r"NormConvolution lacks \['sum', 'sum_squares'\]; ScaleBiasAddRelu lacks "
                                       r"\['fused_relu'\], names the stand-in gives them that the network never "
                                       r"passes: nothing to set$"):
-        build.fused_operators("stats-fl")
+        build.fused_operators()  # the default wiring, stats-fl
     registry_without({"NormConvolution": ("eps",)})  # mainloop-fl's conv2 and conv3 pass it, stats-fl's none
     with pytest.raises(Skipped, match=r"NormConvolution lacks \['eps'\], which the mainloop-fl wiring \(not this "
                                       r"config's\) passes"):

@@ -7,7 +7,7 @@ A FAKE, named as one. Each computes the function we read in the fork's source, i
 with the fork's own message, what the fork's kernels refuse: dtype, layout/axis, act_type, shapes, grad_req kAddTo.
 It checks our wiring and those rules as read from the source; it says nothing of NVIDIA's kernels' numerics, speed or
 memory. The GPU's compute capability is a setting (RN50_STANDIN_SM, default 80: an A100), checked against
-NORMCONV_SM, an assumption: see there.
+NORMCONV_SM, an assumption (see there), and against Volta's own kernel rule (NormConv.check).
 
 Source: NVIDIA's MXNet fork as mirrored in sneaxiy/NVIDIA-MxNet @ ce30b18 (1.8-based); every file cited is under its
 src/operator/nn/. Where the fork accepts an input and computes something else, or ignores grad_req kAddTo (it
@@ -462,8 +462,9 @@ class NormConv(StandIn):
                                    num_filter=p["num_filter"], no_bias=True))
 
     def statistics(self, a):
-        """The batch's mean and inverse std from the previous convolution's sums (FinalizeForward's training op,
-        elem_count the data's size over its channels, cudnn_norm_convolution-inl.h:654)."""
+        """The batch's mean and variance from the previous convolution's sums, and the count of values they sum
+        (FinalizeForward's training op: elem_count, the data's size over its channels, cudnn_norm_convolution-inl.h:
+        654)."""
         count = a["data"].size // a["data"].shape[-1]
         mean = a["in_sum"] / count
         return mean, a["in_sum_squares"] / count - mean * mean, count
