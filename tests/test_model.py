@@ -11,7 +11,7 @@ from mxnet.gluon import nn
 
 from rn50_mx import model
 from rn50_mx.config import Settings
-from tests.support import gpu_build
+from tests.support import bad_values, gpu_build
 from tests.support.ngc_ops import NdarrayConvention, NormConvOps, Registry, TraceOps
 
 SMALL = Settings(num_classes=10, image_shape="3,32,32")
@@ -585,9 +585,19 @@ def test_the_wiring_is_a_setting_checked_like_the_others():
     assert config.load([], {"RN50_NORMCONV_WIRING": "mainloop-fl"}).normconv_wiring == "mainloop-fl"
     assert config.load(["--normconv-wiring", "stats-fl"], {"RN50_NORMCONV_WIRING": "mainloop-fl"}).normconv_wiring \
         == "stats-fl"
-    for argv, environ, source in (([], {"RN50_NORMCONV_WIRING": "mainloop"}, "RN50_NORMCONV_WIRING='mainloop'"),
-                                  (["--normconv-wiring", ""], {}, "--normconv-wiring=''"),
-                                  ([], {"RN50_NORMCONV_WIRNG": "mainloop-fl"}, "RN50_NORMCONV_WIRNG: unknown variable")):
-        with pytest.raises(config.SettingsError, match=re.escape(source)):
+    cases = [([], {"RN50_NORMCONV_WIRING": "mainloop"}, "RN50_NORMCONV_WIRING='mainloop': must be one of stats-fl, "
+                                                        "mainloop-fl"),
+             ([], {"RN50_NORMCONV_WIRNG": "mainloop-fl"}, "RN50_NORMCONV_WIRNG: unknown variable; did you mean "
+                                                          "RN50_NORMCONV_WIRING?")]
+    for value in bad_values.NAMES.values():  # the empty variable is unset: the default
+        cases += [([], {"RN50_NORMCONV_WIRING": value}, "RN50_NORMCONV_WIRING=") if value else ([], {}, None),
+                  ([f"--normconv-wiring={value}"], {}, "--normconv-wiring")]
+    for argv, environ, words in cases:
+        if words is None:
+            assert config.load(argv, environ).normconv_wiring == "stats-fl"
+            continue
+        with pytest.raises(config.SettingsError) as refused:
             config.load(argv, environ)
+        message = str(refused.value)
+        assert message.startswith(words) and "\n" not in message, message
     assert config.FIELDS["normconv_wiring"].metadata["choices"] == model.WIRINGS
