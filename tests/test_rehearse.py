@@ -437,4 +437,5 @@ def test_nvidias_mainloop_wiring_rehearses(records, tmp_path, sm):
     evals, run_stop, the model saved."""
     result = quick(tmp_path, records, {"RN50_STANDIN_SM": sm, "RN50_NORMCONV_WIRING": "mainloop-fl"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    assert rows(result.stdout)["train"][0] == "ok"
+    table = rows(result.stdout)
+    assert table["train"][0] == "ok" and f"NormConv mainloop-fl; stand-in GPU sm_{sm}" in table["config"][1], table
