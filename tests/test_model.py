@@ -1,4 +1,5 @@
 """ResNet-50 v1.5: size, names, parameter roles, initialisation, precision, hybridisation, and layouts."""
+import dataclasses
 import functools
 import re
 import json
@@ -531,8 +532,8 @@ def test_the_build_probes_the_units_as_the_run_will_and_a_volta_gets_one_line_na
     """GPU review 6, F1: on SM 70 the fork refuses the 1x1 stride-2 projection shortcut of stages 2-4; the old probe
     (one stride-1 unit) passed, and a V100 died at the warm-up's first forward with MXNet's traceback. Now the build
     runs the stage-4 units at the configured batch (the stand-in's NormConv saw its inputs at those shapes, on SM 80)
-    and stops on SM 70 in one line naming RN50_NORMCONV=0 (both wirings run that shortcut); without NormConv it
-    builds, the fused BatchNorm kept."""
+    and its probe stops on SM 70 in one line naming RN50_NORMCONV=0 (both wirings run that shortcut); without
+    NormConv the probe passes, the fused BatchNorm kept."""
     from rn50_mx.errors import InputError
     from rn50_mx.standin import ngc
 
@@ -545,17 +546,18 @@ def test_the_build_probes_the_units_as_the_run_will_and_a_volta_gets_one_line_na
     model.build_model(s, ctx)
     assert (3, 4, 4, 1024) in seen and (3, 2, 2, 2048) in seen and (2, 4, 4, 32) not in seen, sorted(set(seen))
     monkeypatch.setitem(ngc.GPU, "sm", 70)
-    for wiring in model.WIRINGS:
+    for wiring in model.WIRINGS:  # what build_model runs once the network is built
         with pytest.raises(InputError, match=r"^NVIDIA's NormConv kernels do not run on this GPU \(Only cudnn-based "
                                              r"NormalizedConvolution supported\.\): set RN50_NORMCONV=0$"):
-            model.build_model(s.replace(normconv_wiring=wiring), ctx)
-    assert model.build_model(s.replace(normconv=False), ctx).bn0.fused
+            model.check_fused_kernels(model.Layout("NHWC", fused=True, normconv_batch=3, wiring=wiring), 3, (64, 64),
+                                      ctx)
+    assert model.check_fused_kernels(model.Layout("NHWC", fused=True), 3, (64, 64), ctx) is None
 
 
 def test_a_gpu_that_refuses_one_wiring_is_told_the_other_before_rn50_normconv_0(monkeypatch):
     """Issue 47 item 5: where an image refuses the configured NormConv wiring and runs the other, the build's one
     line names RN50_NORMCONV_WIRING before RN50_NORMCONV=0 (here a stand-in NormalizedConvolution that refuses 3x3
-    kernels: stats-fl's conv2, which mainloop-fl runs as a NormConvolution); the other wiring builds."""
+    kernels: stats-fl's conv2, which mainloop-fl runs as a NormConvolution); the other wiring's probe passes."""
     from rn50_mx.errors import InputError
     from rn50_mx.standin import ngc
 
@@ -567,13 +569,13 @@ def test_a_gpu_that_refuses_one_wiring_is_told_the_other_before_rn50_normconv_0(
             ngc.refuse("Only cudnn-based NormalizedConvolution supported.")
         check(self, x)
     monkeypatch.setattr(ngc.NormalizedConv, "check", no_3x3)
-    s = Settings(device="gpu", input_layout="NHWC", dtype="float16", batch_size=2, image_shape="4,64,64",
-                 num_classes=4, standin="gpu")
+    layout = model.Layout("NHWC", fused=True, normconv_batch=2)
     with pytest.raises(InputError, match=r"^NVIDIA's NormConv kernels refuse the stats-fl wiring on this GPU \(Only "
                                          r"cudnn-based NormalizedConvolution supported\.\): set "
                                          r"RN50_NORMCONV_WIRING=mainloop-fl, which runs here, or RN50_NORMCONV=0$"):
-        model.build_model(s, ctx)
-    assert model.build_model(s.replace(normconv_wiring="mainloop-fl"), ctx).stages[0][0].wiring == "mainloop-fl"
+        model.check_fused_kernels(layout, 2, (64, 64), ctx)  # as build_model runs it
+    mainloop = dataclasses.replace(layout, wiring="mainloop-fl")
+    assert model.check_fused_kernels(mainloop, 2, (64, 64), ctx) is None
 
 
 def test_the_wiring_is_a_setting_checked_like_the_others():
