@@ -17,6 +17,14 @@ FROM ${FROM_IMAGE_NAME}
 # The Python the pins in constraints.txt were resolved for (tests/test_image.py); the build stops on another one.
 ARG IMAGE_PYTHON=3.10
 
+# numactl: run_and_time.sh binds each rank to its GPU's NUMA node and a share of its cores with it; without it the
+# ranks run unbound (slower, said in one line). Whether the base has it is not public (NVIDIA's v4.0 run binds through
+# the image's bindpcie, training_results_v4.0 eos_ngc24.04_mxnet/run_and_time.sh:187): installed unless it is there.
+# Not pinned: one Dockerfile builds on Ubuntu's and on Debian's base, each with its own release of it.
+# hadolint ignore=DL3008
+RUN command -v numactl >/dev/null || { apt-get update && apt-get install -y --no-install-recommends numactl \
+      && rm -rf /var/lib/apt/lists/*; }
+
 WORKDIR /workspace/rn50
 COPY setup.py constraints.txt ./
 COPY rn50_mx/ rn50_mx/

@@ -134,6 +134,10 @@ class Settings:
     normconv: bool = _opt(True, "run each bottleneck's conv -> BN (-> add) -> ReLU as NVIDIA's NormConv fusions "
                           "(the reference's resnet-v1b-stats-fl) where MXNet has those operators (NGC builds, NHWC, "
                           "float16); 0 = plain kernels", env="RN50_NORMCONV")
+    normconv_wiring: str = _opt("stats-fl", "which of NVIDIA's NormConv wirings the bottlenecks run: stats-fl, the "
+                                "v1.0 reference's; mainloop-fl, NVIDIA's own on the 24.04 image (its MLPerf v4.0 "
+                                "H100 and H200 runs), for an image that refuses stats-fl (the run's probe says "
+                                "which runs)", env="RN50_NORMCONV_WIRING", choices=("stats-fl", "mainloop-fl"))
     batchnorm_eps: float = _opt(1e-5, "BatchNorm epsilon", low=0.0)
     batchnorm_mom: float = _opt(0.9, "BatchNorm running-statistics momentum", low=0.0, high=1.0)
 

@@ -5,7 +5,8 @@ fusions unfolded into plain conv -> BN -> ReLU, which computes the same thing. W
 BatchNorm kernels (NGC builds: BatchNorm with act_type='relu', and BatchNormAddRelu) and the layout is NHWC, BN -> ReLU
 and BN -> add -> ReLU each run as one kernel, saving passes over every activation; stock MXNet, which has neither, runs
 them as separate operators. Where it also has NVIDIA's NormConv operators and the network is NHWC float16, each
-bottleneck runs as the reference wires them (see Bottleneck.normconv_forward and docs/faithful-to-the-submission.md).
+bottleneck runs as one of NVIDIA's NormConv wirings does (RN50_NORMCONV_WIRING: the reference's stats-fl, or the
+mainloop-fl of NVIDIA's 24.04 runs; see Bottleneck.normconv_forward and docs/faithful-to-the-submission.md).
 Either way the parameters and their names are the same. Parameter names are the reference's (`conv0_weight`,
 `stage1_unit1_conv1sc_weight`, `fc1_bias`, ...), so the 161 trainable tensors can be logged under the names the MLPerf
 checkers know.
@@ -16,14 +17,14 @@ NCHW and NCDHW layout"), and float16 Conv2D / Dense fail too ("FP16 gemm on cpu 
 and NHWC pooling do run. NHWC and float16 are the GPU path, bfloat16 the CPU's: the same code, switched by `Layout`
 and `net.cast`.
 """
-from dataclasses import dataclass
+import dataclasses
 
 import mxnet as mx
 import numpy as np
 from mxnet import gluon
 from mxnet.gluon import nn
 
-from . import standin
+from . import config, standin
 from .errors import InputError, one_line
 
 # MXNet's bfloat16 (type code 12): NumPy has no such type, MXNet names it by a structured dtype (mxnet/ndarray/
@@ -59,6 +60,22 @@ def fused_batchnorm_available(arguments_of=standin.operator_arguments, operators
 
 
 NORMCONV_OPERATORS = ("NormConvolution", "NormalizedConvolution", "BNStatsFinalize", "ScaleBiasAddRelu")
+# The parameters (keywords other than arrays) each NormConv wiring hands each of NVIDIA's NormConv operators
+# (Bottleneck.normconv_forward; tests/test_model.py traces both wirings against it): the names an image's operator
+# registry must list for that wiring to run (selftest/build.py). The arrays are composed by the operators' input
+# names (FListInputNames), which a registry query does not list.
+GEOMETRY = ("kernel", "stride", "pad", "num_filter", "layout")
+FINALIZE = ("eps", "momentum", "fix_gamma")
+NORMCONV_PARAMETERS = {
+    "stats-fl": {"NormConvolution": ("act_type", "no_norm") + GEOMETRY,
+                 "NormalizedConvolution": ("act_type", "no_equiv_scale_bias") + GEOMETRY,
+                 "BNStatsFinalize": FINALIZE + ("output_mean_var", "elem_count"),
+                 "ScaleBiasAddRelu": ("act_type", "layout", "dual_scale_bias", "fused_add")},
+    "mainloop-fl": {"NormConvolution": ("act_type", "no_norm") + GEOMETRY + FINALIZE,
+                    "NormalizedConvolution": ("act_type", "no_equiv_scale_bias") + GEOMETRY,
+                    "BNStatsFinalize": FINALIZE + ("output_mean_var", "elem_count"),
+                    "ScaleBiasAddRelu": ("act_type", "layout", "dual_scale_bias", "fused_add")},
+}
 
 
 def normconv_available(operators=standin.operators):
@@ -66,7 +83,7 @@ def normconv_available(operators=standin.operators):
     return set(NORMCONV_OPERATORS) <= set(operators())
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Layout:
     """The layout and BatchNorm choices every layer shares, so the blocks never branch on them.
 
@@ -75,14 +92,16 @@ class Layout:
     run as the fused kernels (see fused_batchnorm_available). `normconv_batch` > 0: the bottlenecks run as the
     NormConv fusions, whose BatchNorm statistics count this many images per step: a fixed number, as in the
     reference's symbol, which bakes its batch size in; the block takes them while traced (hybridized), the unfused
-    layers when run imperatively. `ops`: the namespace those fusions are called through; None is the block's F
-    (MXNet's own operators), a test passes another build's.
+    layers when run imperatively. `wiring`: which of NVIDIA's NormConv wirings (NORMCONV_PARAMETERS). `ops`: the
+    namespace those fusions are called through; None is the block's F (MXNet's own operators), a test passes
+    another build's.
     """
     name: str = "NCHW"
     bn_eps: float = 1e-5
     bn_mom: float = 0.9
     fused: bool = False
     normconv_batch: int = 0
+    wiring: str = "stats-fl"
     ops: object = None
 
     def conv(self, channels, kernel, stride, padding, in_channels, prefix):
@@ -172,7 +191,7 @@ class Bottleneck(gluon.HybridBlock):
     def __init__(self, layout, in_channels, width, stride, projection, zero_gamma, prefix, in_hw=(0, 0)):
         super().__init__(prefix=prefix)
         out_channels = width * EXPANSION
-        self.ops, self.batch = layout.ops, layout.normconv_batch
+        self.ops, self.batch, self.wiring = layout.ops, layout.normconv_batch, layout.wiring
         (h, w), (out_h, out_w) = in_hw, shrink(in_hw, stride)
         self.in_pixels, self.out_pixels = self.batch * h * w, self.batch * out_h * out_w
         with self.name_scope():
@@ -197,42 +216,76 @@ class Bottleneck(gluon.HybridBlock):
         return self.bn3(self.conv3(y), shortcut)
 
     def normconv_forward(self, F, ops, x):
-        """The same unit as the reference's resnet-v1b-stats-fl wires it (residual_unit_norm_conv): each
-        convolution also emits its output's per-channel sum and sum of squares; BNStatsFinalize turns them into
-        BatchNorm's scale and bias and moves the running statistics; ScaleBiasAddRelu applies them, then the
-        shortcut add (for a projection, the shortcut's own BatchNorm too), then the ReLU. The weights, gammas, betas
-        and running statistics are this unit's own children's, so names, shapes and checkpoints are unchanged."""
-        def conv_bn(op, conv, bn, data, pixels, **mode):
-            geometry = {k: conv._kwargs[k] for k in ("kernel", "stride", "pad", "num_filter", "layout")}
-            out, total, squares = op(data=data, weight=child_value(F, conv.weight, x), act_type=None, **geometry,
-                                     **mode)
-            stats = ops.BNStatsFinalize(sum=total, sum_squares=squares, gamma=child_value(F, bn.gamma, x),
-                                        beta=child_value(F, bn.beta, x),
-                                        moving_mean=child_value(F, bn.running_mean, x),
-                                        moving_var=child_value(F, bn.running_var, x), eps=bn._kwargs["eps"],
-                                        momentum=bn._kwargs["momentum"], fix_gamma=False, output_mean_var=True,
-                                        elem_count=pixels)
-            return out, stats
+        """The same unit as one of NVIDIA's NormConv wirings: each convolution also emits its output's per-channel
+        sum and sum of squares, from which the next operator finalizes BatchNorm's scale and bias and moves the
+        running statistics; the last BatchNorm (and a projection's own) is applied by ScaleBiasAddRelu with the
+        shortcut add and the ReLU. The weights, gammas, betas and running statistics are this unit's own children's,
+        so names, shapes and checkpoints are unchanged, whichever the wiring.
+        - stats-fl, the reference's (residual_unit_norm_conv of symbols/resnet-v1b-stats-fl.py): every BatchNorm a
+          BNStatsFinalize, bn1 and bn2 applied by ScaleBiasAddRelu, conv2 and conv3 NormalizedConvolutions of
+          their outputs;
+        - mainloop-fl, NVIDIA's on the 24.04 image (mlcommons/training_results_v4.0@62f111b NVIDIA/benchmarks/resnet/
+          implementations/eos_ngc24.04_mxnet/symbols/resnet-v1b-mainloop-fl.py:203-294): conv2 and conv3 are
+          NormConvolutions given the previous convolution's sums and BatchNorm (:220-235), which finalize and apply
+          it, with the ReLU, to their input; the projection's ScaleBiasAddRelu takes the fork's defaults (:76-82)."""
+        def param(parameter):
+            return child_value(F, parameter, x)
 
-        def apply(side, stats):  # BNStatsFinalize's six outputs under ScaleBiasAddRelu's names for them
-            return {f"{side}_{name}": v for name, v in
-                    zip(("equiv_scale", "equiv_bias", "mean", "invvar", "gamma", "beta"), stats)}
+        def conv(op, layer, data, **mode):  # (output, sum, sum of squares)
+            geometry = {k: layer._kwargs[k] for k in GEOMETRY}
+            return op(data=data, weight=param(layer.weight), act_type=mode.pop("act_type", None), **geometry,
+                      **mode)
+
+        def statistics(bn):  # a BatchNorm's arrays and settings, under the names the NormConv operators take
+            return dict(gamma=param(bn.gamma), beta=param(bn.beta), moving_mean=param(bn.running_mean),
+                        moving_var=param(bn.running_var), eps=bn._kwargs["eps"], momentum=bn._kwargs["momentum"],
+                        fix_gamma=False)
+
+        def finalize(sums, bn, pixels):  # BNStatsFinalize's six outputs under ScaleBiasAddRelu's names for them
+            stats = ops.BNStatsFinalize(sum=sums[1], sum_squares=sums[2], **statistics(bn), output_mean_var=True,
+                                        elem_count=pixels)
+            return {f"x_{name}": v for name, v in zip(("equiv_scale", "equiv_bias", "mean", "invvar", "gamma",
+                                                      "beta"), stats)}
 
         def scale_bias_relu(data, stats, **kwargs):
-            return ops.ScaleBiasAddRelu(dataX=data, act_type="relu", layout="NHWC", **apply("x", stats), **kwargs)[0]
+            return ops.ScaleBiasAddRelu(dataX=data, act_type="relu", layout="NHWC", **stats, **kwargs)[0]
 
-        conv1, bn1 = conv_bn(ops.NormConvolution, self.conv1, self.bn1, x, self.in_pixels, no_norm=True)
-        y = scale_bias_relu(conv1, bn1, dual_scale_bias=False, fused_add=False)
-        conv2, bn2 = conv_bn(ops.NormalizedConvolution, self.conv2, self.bn2, y, self.out_pixels,
-                             no_equiv_scale_bias=True)
-        y = scale_bias_relu(conv2, bn2, dual_scale_bias=False, fused_add=False)
-        conv3, bn3 = conv_bn(ops.NormalizedConvolution, self.conv3, self.bn3, y, self.out_pixels,
-                             no_equiv_scale_bias=True)
+        out1 = conv(ops.NormConvolution, self.conv1, x, no_norm=True)
+        if self.wiring == "mainloop-fl":
+            out2 = conv(ops.NormConvolution, self.conv2, out1[0], no_norm=False, in_sum=out1[1],
+                        in_sum_squares=out1[2], act_type="relu", **statistics(self.bn1))
+            out3 = conv(ops.NormConvolution, self.conv3, out2[0], no_norm=False, in_sum=out2[1],
+                        in_sum_squares=out2[2], act_type="relu", **statistics(self.bn2))
+            dual = {}  # ScaleBiasAddRelu's defaults: dual_scale_bias and fused_add
+        else:
+            y = scale_bias_relu(out1[0], finalize(out1, self.bn1, self.in_pixels), dual_scale_bias=False,
+                                fused_add=False)
+            out2 = conv(ops.NormalizedConvolution, self.conv2, y, no_equiv_scale_bias=True)
+            y = scale_bias_relu(out2[0], finalize(out2, self.bn2, self.out_pixels), dual_scale_bias=False,
+                                fused_add=False)
+            out3 = conv(ops.NormalizedConvolution, self.conv3, y, no_equiv_scale_bias=True)
+            dual = dict(dual_scale_bias=True, fused_add=True)
+        bn3 = finalize(out3, self.bn3, self.out_pixels)
         if self.conv1sc is None:
-            return scale_bias_relu(conv3, bn3, dataZ=x, dual_scale_bias=False, fused_add=True)
-        shortcut, bnsc = conv_bn(ops.NormalizedConvolution, self.conv1sc, self.bnsc, x, self.out_pixels,
-                                 no_equiv_scale_bias=True)
-        return scale_bias_relu(conv3, bn3, dataZ=shortcut, dual_scale_bias=True, fused_add=True, **apply("z", bnsc))
+            return scale_bias_relu(out3[0], bn3, dataZ=x, dual_scale_bias=False, fused_add=True)
+        shortcut = conv(ops.NormalizedConvolution, self.conv1sc, x, no_equiv_scale_bias=True)
+        bnsc = {f"z_{k[2:]}": v for k, v in finalize(shortcut, self.bnsc, self.out_pixels).items()}
+        return scale_bias_relu(out3[0], bn3, dataZ=shortcut[0], **bnsc, **dual)
+
+
+def unit_geometry(image_hw):
+    """Per stage, each bottleneck's Bottleneck arguments but the layout and zero_gamma, for input images of (height,
+    width) `image_hw`: in_channels, width, stride, projection, prefix and in_hw (the map the unit reads: conv0 and
+    pool0 halve the images, each stage's first unit carries its stride)."""
+    channels, hw, stages = STEM_CHANNELS, shrink(shrink(image_hw, 2), 2), []
+    for count, width, stride in STAGES:
+        stages.append([])
+        for u in range(1, count + 1):
+            unit_stride = stride if u == 1 else 1
+            stages[-1].append(dict(in_channels=channels, width=width, stride=unit_stride, projection=u == 1,
+                                   prefix=f"unit{u}_", in_hw=hw))
+            channels, hw = width * EXPANSION, shrink(hw, unit_stride)
+    return stages
 
 
 class ResNet50V15(gluon.HybridBlock):
@@ -256,17 +309,14 @@ class ResNet50V15(gluon.HybridBlock):
         self.conv0 = layout.conv(STEM_CHANNELS, 7, 2, 3, in_channels, "conv0_")
         self.bn0 = layout.batchnorm(STEM_CHANNELS, "bn0_", then="relu")
         self.pool0 = layout.max_pool("pool0_")
-        channels, hw = STEM_CHANNELS, shrink(shrink(image_hw, 2), 2)  # conv0, then pool0
         self.stages = nn.HybridSequential(prefix="")
-        for s, (units, width, stride) in enumerate(STAGES, start=1):
+        for s, units in enumerate(unit_geometry(image_hw), start=1):
             stage = nn.HybridSequential(prefix=f"stage{s}_")
             with stage.name_scope():
-                for u in range(1, units + 1):
-                    unit_stride = stride if u == 1 else 1
-                    stage.add(Bottleneck(layout, channels, width, unit_stride, projection=u == 1,
-                                         zero_gamma=zero_gamma, prefix=f"unit{u}_", in_hw=hw))
-                    channels, hw = width * EXPANSION, shrink(hw, unit_stride)
+                for unit in units:
+                    stage.add(Bottleneck(layout, zero_gamma=zero_gamma, **unit))
             self.stages.add(stage)
+        channels = STAGES[-1][1] * EXPANSION
         self.pool1 = layout.global_avg_pool("pool1_")
         self.fc1 = nn.Dense(num_classes, in_units=channels, prefix="fc1_",
                             weight_initializer=mx.init.Normal(0.01), bias_initializer="zeros")
@@ -299,44 +349,76 @@ def build_model(settings, ctx=None):
     fused = settings.fused_bn and nhwc and settings.dtype == "float16" and fused_batchnorm_available()
     normconv = settings.normconv and nhwc and settings.dtype == "float16" and normconv_available()
     layout = Layout(settings.input_layout, settings.batchnorm_eps, settings.batchnorm_mom, fused,
-                    settings.batch_size if normconv else 0)
+                    settings.batch_size if normconv else 0, settings.normconv_wiring)
     net = ResNet50V15(layout, settings.num_classes, settings.image_chw[0], settings.bn_gamma_init0,
                       settings.image_chw[1:])
     net.initialize(ctx=ctx or mx.cpu())
     net.cast(mx_dtype(settings.dtype))
-    check_fused_kernels(layout, ctx or mx.cpu())
+    check_fused_kernels(layout, settings.batch_size, settings.image_chw[1:], ctx or mx.cpu())
     return net
 
 
-def check_fused_kernels(layout, ctx):
-    """NVIDIA's fused kernels that `layout` asks for, each run once, tiny, on `ctx` (float16 NHWC, in training as
-    the warm-up's first step runs them): on a GPU they refuse (the NormConv family below SM 70 or on one its
-    build's Supports() does not list: cudnn_norm_convolution-inl.h:465-468 in the public fork; an LOG(FATAL) that
-    MXNet raises at the next wait), the run stops here in one line naming the setting that avoids them, not at its
-    first forward with MXNet's error. Nothing to run without fused kernels, nor off a GPU (or the stand-in build's
-    stand-in for one: a test that presents another build's registry on a CPU traces what it checks). The probe's
-    parameters are zeros, so MXNet's random state is left as it was."""
+WIRINGS = config.FIELDS["normconv_wiring"].metadata["choices"]  # the keys of NORMCONV_PARAMETERS
+
+
+def check_fused_kernels(layout, batch, image_hw, ctx):
+    """NVIDIA's fused kernels that `layout` asks for, run once on `ctx` in the network's own blocks at its smallest
+    maps and the per-rank `batch` (probe_blocks: float16 NHWC, in training as the warm-up's first step runs them).
+    Where they refuse (the NormConv family on a GPU its build's Supports() does not list, or Volta's 1x1 stride-2
+    projection: cudnn_norm_convolution-inl.h:465-484 in the public fork; an LOG(FATAL) that MXNet raises at the next
+    wait), the run stops here in one line naming the setting that avoids them (the other NormConv wiring when it
+    runs here, else RN50_NORMCONV=0), not at its first forward with MXNet's error; a refusal here is one of the
+    run's own shapes. Nothing to run without fused kernels, nor off a GPU (or the stand-in build's stand-in for
+    one: a test that presents another build's registry on a CPU traces what it checks)."""
     if ctx.device_type != "gpu" and standin.compute_capability() is None:
         return
-    blocks = {"RN50_FUSED_BN": layout.fused and layout.batchnorm(32, "probe_bn_", then="relu"),
-              "RN50_NORMCONV": layout.normconv_batch and Bottleneck(
-                  Layout("NHWC", layout.bn_eps, layout.bn_mom, layout.fused, 2, layout.ops), 32, 32, 1, True,
-                  False, "probe_unit_", (4, 4))}
-    for setting, block in blocks.items():
-        if not block:
-            continue
+    refused = probe(layout, batch, image_hw, ctx)
+    if refused is None:
+        return
+    setting, error = refused
+    if setting == "RN50_NORMCONV":
+        other = next(w for w in WIRINGS if w != layout.wiring)
+        if probe(dataclasses.replace(layout, fused=False, wiring=other), batch, image_hw, ctx) is None:
+            raise InputError(f"NVIDIA's NormConv kernels refuse the {layout.wiring} wiring on this GPU ({error}): "
+                             f"set RN50_NORMCONV_WIRING={other}, which runs here, or RN50_NORMCONV=0")
+    kernels = "fused BatchNorm" if setting == "RN50_FUSED_BN" else "NormConv"
+    raise InputError(f"NVIDIA's {kernels} kernels do not run on this GPU ({error}): set {setting}=0")
+
+
+def probe(layout, batch, image_hw, ctx):
+    """(setting, MXNet's error in one line) of the first of probe_blocks that refuses on `ctx`, or None when all
+    ran. The blocks' parameters are zeros, so MXNet's random state is left as it was."""
+    for setting, block, shape in probe_blocks(layout, batch, image_hw):
         for param in block.collect_params().values():
             param.initialize(mx.init.Zero(), ctx=ctx)  # given here, it beats each parameter's own initializer
         block.cast("float16")
         block.hybridize(static_alloc=True, static_shape=True)
-        x = mx.nd.zeros((2, 4, 4, 32), ctx=ctx, dtype="float16")
         try:
             with mx.autograd.train_mode():
-                block(x).wait_to_read()
+                block(mx.nd.zeros(shape, ctx=ctx, dtype="float16")).wait_to_read()
         except mx.base.MXNetError as err:
-            kernels = "fused BatchNorm" if setting == "RN50_FUSED_BN" else "NormConv"
-            raise InputError(f"NVIDIA's {kernels} kernels do not run on this GPU ({one_line(str(err))}): set "
-                             f"{setting}=0") from None
+            return setting, one_line(str(err))
+    return None
+
+
+def probe_blocks(layout, batch, image_hw):
+    """[(setting, block, input shape)]: the blocks of the network of `layout` that run NVIDIA's fused kernels, as
+    the network builds them, at its smallest maps for images of `image_hw` and the per-rank `batch`, each with the
+    setting that turns its kernels off. bn0 (BN -> ReLU, the fused BatchNorm's only block once the bottlenecks run
+    NormConv) on the stem's map; the last stage's projection unit (stride 2: 1x1 and 3x3 kernels at stride 2) and
+    its first identity unit (stride 1, the shortcut added as it is), on 14x14 and 7x7 maps at 224 px: every
+    operator, mode and kernel the bottlenecks run, at each stride but one (stage 1's projection shortcut, a 1x1
+    NormalizedConvolution of stride 1 on 56x56 maps, whose kernel and stride the other units' convolutions have)."""
+    blocks = []
+    if layout.fused:
+        bn0 = layout.batchnorm(STEM_CHANNELS, "probe_bn0_", then="relu")
+        blocks.append(("RN50_FUSED_BN", bn0, (batch, *shrink(image_hw, 2), STEM_CHANNELS)))
+    if layout.fused or layout.normconv_batch:
+        setting = "RN50_NORMCONV" if layout.normconv_batch else "RN50_FUSED_BN"
+        for unit in unit_geometry(image_hw)[-1][:2]:
+            block = Bottleneck(layout, **dict(unit, prefix="probe_" + unit["prefix"]), zero_gamma=False)
+            blocks.append((setting, block, (batch, *unit["in_hw"], unit["in_channels"])))
+    return blocks
 
 
 def is_layer_weight(shape):

@@ -30,7 +30,7 @@ from rn50_mx import checkpoint, config, files, model, optim, timing
 from rn50_mx.config import Settings
 from tests.support.bfloat16 import needs_bfloat16, round_bf16, to_np
 from tests.support.mllog import events, values
-from tests.support.procs import assert_one_line_naming, clean_environ, run_train, wait_for
+from tests.support.procs import assert_one_line_naming, clean_environ, gloo_ranks, run_train, wait_for
 from tests.support.runs import FLAGS, STEPS, argv, assert_same_params, epoch_lines, evaluate, finish, run, start
 from tests.support.settings import STOPPED_RUN
 from tests.support.timing import edited_fixture, report_of
@@ -826,3 +826,57 @@ def test_the_bfloat16_fallback_switch_is_not_compared_on_resume(stopped_checkpoi
     result = run_train([*STOPPED_RUN, "--checkpoint-dir", str(folder), "--bfloat16-fallback", "1"])
     assert result.returncode == 0, result.stderr[-2000:]
     assert '"key": "resumed_from"' in result.stdout and '"key": "run_stop"' in result.stdout
+
+
+def test_each_rank_checks_its_own_dali_states_and_the_ranks_agree_at_4_ranks(recs, two_checkpoints, tmp_path):
+    """GPU review 6, F2: before INIT_START rank 0 alone built and restored every rank's DALI pipelines, one after
+    another (128 builds and ~7 GB read at 8x8 while 63 ranks waited). Now, in a 4-rank resume check (the checkpoints
+    of a 4-rank run, each rank's files rank 0's; rank 2's train state forged in the newest), each rank builds its own
+    pipelines only, the same count whatever the world size, and the ranks agree: the newest refused on rank 2's word
+    (its own line says why, rank 0's names it and sets the checkpoint aside), the one before resumed by all.
+    On f3422b2 rank 0 built 11 (every rank's in turn, the newest's up to rank 2's train state), the others none."""
+    from rn50_mx.checkpoint.disk import summary
+
+    folder = shutil.copytree(two_checkpoints, tmp_path / "ckpt")
+    for step in (STEPS, STEPS + 2):
+        path = folder / f"step-{step}"
+        for name in os.listdir(path):
+            for rank in (1, 2, 3) if name.startswith("rank0.") else ():
+                shutil.copy(path / name, path / name.replace("rank0.", f"rank{rank}.", 1))
+        meta = json.loads((path / "meta.json").read_text())
+        meta["world"], meta["settings"]["kv_store"] = 4, "horovod"
+        meta["files"] = summary(str(path))
+        (path / "meta.json").write_text(json.dumps(meta))
+    forge(str(folder / f"step-{STEPS + 2}"), "rank2.train.dali", random_bytes)
+    command = [*gloo_ranks(4), sys.executable, "-m", "tests.support.resume_check",
+               *argv(recs, 1, checkpoint_dir=folder, kv_store="horovod", dgxngpu=4), "--standin=devices"]
+    result = subprocess.run(command, env=clean_environ(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    reports = re.findall(r"rank (\d): built (\[.*?\]); resumes (\S+)", result.stdout)
+    assert sorted(rank for rank, _, _ in reports) == ["0", "1", "2", "3"], result.stdout
+    for rank, built, resumed in reports:  # each checkpoint's own two pipelines; rank 2's train state stops its first
+        own = f"('train', {rank}), ('val', {rank})"
+        assert built == (f"[('train', 2), {own}]" if rank == "2" else f"[{own}, {own}]"), (rank, built)
+        assert resumed == str(folder / f"step-{STEPS}"), (rank, resumed)
+    newest = folder / f"step-{STEPS + 2}"
+    assert re.search(rf"rn50_mx: {newest}: refused on rank 2 \(rank2\.train\.dali: DALI cannot restore it \(",
+                     result.stderr), result.stderr
+    assert (f"rn50_mx: {newest}: refused (rank 2 refused its DALI states, saying why in its own line); renamed "
+            f"*.refused; using step-{STEPS}") in result.stderr, result.stderr
+    assert sorted(os.listdir(folder)) == ["lock", f"step-{STEPS}", f"step-{STEPS + 2}.refused"]
+
+
+def test_the_normconv_wiring_is_compared_on_resume_and_an_older_checkpoint_ran_the_default():
+    """Issue 47: RN50_NORMCONV_WIRING chooses other kernels, as RN50_NORMCONV does, so a resume with the other one is
+    refused naming it; a checkpoint written before the setting existed recorded none and ran stats-fl, the default,
+    so it resumes with it (f3422b2's comparison took a setting a checkpoint lacks for None: every checkpoint of the
+    version before a new setting was refused)."""
+    from rn50_mx.checkpoint import folder
+
+    s = Settings()
+    saved = {"settings": {f: getattr(s, f) for f in config.FIELDS if f not in folder.FREE}, "world": 1}
+    assert folder.differences(saved, s, 1) == []
+    assert folder.differences(saved, s.replace(normconv_wiring="mainloop-fl"), 1) == [
+        "--normconv-wiring mainloop-fl (checkpoint: stats-fl)"]
+    del saved["settings"]["normconv_wiring"]
+    assert folder.differences(saved, s, 1) == []

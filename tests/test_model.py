@@ -1,4 +1,5 @@
 """ResNet-50 v1.5: size, names, parameter roles, initialisation, precision, hybridisation, and layouts."""
+import dataclasses
 import functools
 import re
 import json
@@ -11,7 +12,7 @@ from mxnet.gluon import nn
 
 from rn50_mx import model
 from rn50_mx.config import Settings
-from tests.support import gpu_build
+from tests.support import bad_values, gpu_build
 from tests.support.ngc_ops import NdarrayConvention, NormConvOps, Registry, TraceOps
 
 SMALL = Settings(num_classes=10, image_shape="3,32,32")
@@ -210,12 +211,13 @@ def fused_forward(stage, x):
     return x
 
 
-def test_normconv_units_equal_plain_units_on_the_same_weights():
-    """The NormConv wiring (NHWC, through NormConvOps) against conv -> BN -> ReLU (NCHW, stock MXNet): outputs,
+@pytest.mark.parametrize("wiring", model.WIRINGS)
+def test_normconv_units_equal_plain_units_on_the_same_weights(wiring):
+    """Each NormConv wiring (NHWC, through NormConvOps) against conv -> BN -> ReLU (NCHW, stock MXNet): outputs,
     every gradient, and the running statistics after a training step; then inference on those statistics."""
     n, h, w = 4, 9, 9  # odd: the stride-2 units' pixel counts round up
     plain = two_units(model.Layout("NCHW"), (n, h, w))
-    fused = two_units(model.Layout("NHWC", normconv_batch=n, ops=NormConvOps), (n, h, w))
+    fused = two_units(model.Layout("NHWC", normconv_batch=n, wiring=wiring, ops=NormConvOps), (n, h, w))
     rng = np.random.RandomState(0)
     for (name, p), q in zip(plain.collect_params().items(), fused.collect_params().values()):
         value = p.data()
@@ -311,6 +313,120 @@ def test_traced_normconv_graph_takes_every_parameter_by_its_name(monkeypatch):
     assert {node["op"] for node in json.loads(graph.tojson())["nodes"]} >= {"Convolution", "BatchNorm", "sum"}
 
 
+class Recorder:
+    """NVIDIA's NormConv operators as a traced unit calls them: each call recorded as (operator, {input: the name of
+    what feeds it}, {parameter: value}), its outputs new variables '<call number>.<output>' named after the fork's
+    FListOutputNames (norm_convolution.cc:442-446, normalized_convolution.cc:413-416, bn_stats_finalize.cc:235-238,
+    scale_bias_add_relu.cc:297-300)."""
+    OUTPUTS = {"NormConvolution": ("output", "sum", "sum_squares"),
+               "NormalizedConvolution": ("output", "sum", "sum_squares"),
+               "BNStatsFinalize": ("equiv_scale", "equiv_bias", "mean", "var", "gamma_out", "beta_out"),
+               "ScaleBiasAddRelu": ("output", "bitmask")}
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, op):
+        if op not in self.OUTPUTS:
+            raise AttributeError(op)
+
+        def call(**kwargs):
+            arrays = {k: v.name for k, v in kwargs.items() if isinstance(v, mx.sym.Symbol)}
+            self.calls.append((op, arrays, {k: v for k, v in kwargs.items() if k not in arrays}))
+            return [mx.sym.var(f"{len(self.calls)}.{out}") for out in self.OUTPUTS[op]]
+        return call
+
+
+def traced_unit(wiring, projection, batch=8, in_hw=(14, 14)):
+    """The calls a NormConv unit of `wiring` makes while traced (a stage-4 unit: 1024 or 2048 channels in, width 512,
+    the projection with stride 2)."""
+    ops = Recorder()
+    layout = model.Layout("NHWC", normconv_batch=batch, wiring=wiring, ops=ops)
+    in_channels, stride = (1024, 2) if projection else (2048, 1)
+    model.Bottleneck(layout, in_channels, 512, stride, projection, False, "unit_", in_hw)(mx.sym.var("data"))
+    return ops.calls
+
+
+def nvidia_mainloop_unit(projection, batch=8, in_hw=(14, 14)):
+    """NVIDIA's unit in its resnet-v1b-mainloop-fl wiring, call by call, transcribed from
+    mlcommons/training_results_v4.0@62f111b NVIDIA/benchmarks/resnet/implementations/eos_ngc24.04_mxnet/symbols/
+    resnet-v1b-mainloop-fl.py (the line of each call; fuse_bn_add_relu on, as its run_and_time.sh:128 sets it) for
+    the unit traced_unit traces: the dataflow inputs as NVIDIA's file passes them, then, where its node makes its
+    own variables (<name>_weight, <name>_gamma, ...), the parameters of ours that play their part (convbn2's gamma
+    is the BatchNorm after conv1: NormConvolution applies the statistics of its input)."""
+    stride, width, out_channels = (2, 512, 2048) if projection else (1, 512, 2048)
+    elem = batch * (in_hw[0] // stride) * (in_hw[1] // stride)  # element_count(), :162-164 and :238, :256
+
+    def geometry(k, s, f):
+        return dict(kernel=(k, k), stride=(s, s), pad=((k - 1) // 2,) * 2, num_filter=f, layout="NHWC")
+
+    def own(conv, bn=None):
+        names = {"weight": f"unit_{conv}_weight"}
+        if bn:
+            names.update({k: f"unit_{bn}_{v}" for k, v in (("gamma", "gamma"), ("beta", "beta"),
+                                                           ("moving_mean", "running_mean"),
+                                                           ("moving_var", "running_var"))})
+        return names
+
+    def stats_of(bn):
+        return {k: f"unit_{bn}_{v}" for k, v in (("gamma", "gamma"), ("beta", "beta"), ("moving_mean", "running_mean"),
+                                                 ("moving_var", "running_var"))}
+
+    def applied(side, call):  # ScaleBiasAddRelu's statistics inputs from BNStatsFinalize's outputs, :76-81, :91-94
+        return {f"{side}_{k}": f"{call}.{v}" for k, v in (("equiv_scale", "equiv_scale"), ("equiv_bias", "equiv_bias"),
+                                                          ("gamma", "gamma_out"), ("beta", "beta_out"),
+                                                          ("mean", "mean"), ("invvar", "var"))}
+
+    finalize = dict(eps=1e-5, momentum=0.9, fix_gamma=False)
+    calls = [
+        (210, "NormConvolution", {"data": "data", **own("conv1")},
+         dict(no_norm=True, act_type=None, **geometry(1, 1, width))),
+        (221, "NormConvolution", {"data": "1.output", "in_sum": "1.sum", "in_sum_squares": "1.sum_squares",
+                                  **own("conv2", "bn1")},
+         dict(no_norm=False, act_type="relu", **geometry(3, stride, width), **finalize)),
+        (232, "NormConvolution", {"data": "2.output", "in_sum": "2.sum", "in_sum_squares": "2.sum_squares",
+                                  **own("conv3", "bn2")},
+         dict(no_norm=False, act_type="relu", **geometry(1, 1, out_channels), **finalize)),
+        (240, "BNStatsFinalize", {"sum": "3.sum", "sum_squares": "3.sum_squares", **stats_of("bn3")},
+         dict(output_mean_var=True, elem_count=elem, **finalize)),
+    ]
+    if not projection:  # :245-246 shortcut = data; :291-294 -> scale_bias_add_relu, :91-96
+        return calls + [(91, "ScaleBiasAddRelu", {"dataX": "3.output", "dataZ": "data", **applied("x", 4)},
+                         dict(dual_scale_bias=False, fused_add=True, layout="NHWC", act_type="relu"))]
+    return calls + [
+        (252, "NormalizedConvolution", {"data": "data", **own("conv1sc")},
+         dict(no_equiv_scale_bias=True, act_type=None, **geometry(1, stride, out_channels))),
+        (258, "BNStatsFinalize", {"sum": "5.sum", "sum_squares": "5.sum_squares", **stats_of("bnsc")},
+         dict(output_mean_var=True, elem_count=elem, **finalize)),
+        (76, "ScaleBiasAddRelu", {"dataX": "3.output", "dataZ": "5.output", **applied("x", 4), **applied("z", 6)},
+         dict(layout="NHWC", act_type="relu")),  # :284-289 -> dual_scale_bias_add_relu: the fork's default flags
+    ]
+
+
+@pytest.mark.parametrize("projection", [False, True], ids=["identity", "projection"])
+def test_the_mainloop_wiring_calls_nvidias_operators_as_its_v4_0_symbol_file_line_by_line(projection):
+    """Issue 47 item 5: the second NormConv wiring, NVIDIA's own on the 24.04 image (resnet-v1b-mainloop-fl; the v4.0
+    results publish the Python that builds the symbol, no symbol JSON), traced: its calls, in order, are NVIDIA's,
+    each with the same operator, the same inputs from the same producers (and, for the variables NVIDIA's nodes
+    make, this unit's own parameters), and exactly the same parameters."""
+    ours, theirs = traced_unit("mainloop-fl", projection), nvidia_mainloop_unit(projection)
+    assert len(ours) == len(theirs), [c[0] for c in ours]
+    for (op, arrays, params), (line, want_op, want_arrays, want_params) in zip(ours, theirs):
+        assert (op, arrays, params) == (want_op, want_arrays, want_params), f"resnet-v1b-mainloop-fl.py:{line}"
+
+
+@pytest.mark.parametrize("wiring", model.WIRINGS)
+def test_each_wiring_hands_each_operator_the_parameters_model_names_for_it(wiring):
+    """The self-test's `fused operators` row requires of an image the parameters the network passes
+    (model.NORMCONV_PARAMETERS, GPU review 6, F3): they are those the traced units pass, no more, no fewer."""
+    passed = {}
+    for projection in (False, True):
+        for op, _, params in traced_unit(wiring, projection):
+            passed.setdefault(op, set()).update(params)
+    assert passed == {op: set(names) for op, names in model.NORMCONV_PARAMETERS[wiring].items()}
+    assert model.WIRINGS == tuple(model.NORMCONV_PARAMETERS) == ("stats-fl", "mainloop-fl")
+
+
 @pytest.mark.parametrize("then", ["relu", "add_relu"])
 def test_the_fused_blocks_run_under_nvidias_gluon(monkeypatch, then):
     """GPU review 5, F1 and F2, on the stand-in build, which now gives Gluon NVIDIA's BatchNorm `_kwargs` (act_type
@@ -388,3 +504,102 @@ def test_a_gpu_whose_normconv_kernels_refuse_stops_the_build_in_one_line_naming_
                                          r"unsupported NormConvolution configuration\.\): set RN50_NORMCONV=0$"):
         model.build_model(s, ctx)
     assert model.build_model(s.replace(normconv=False), ctx).bn0.fused
+
+
+def test_the_probe_runs_the_networks_own_units_at_its_smallest_maps_and_the_per_rank_batch():
+    """GPU review 6, item 2: the probe ran batch 2 on 4x4 maps of 32 channels, stride 1, shapes the network never
+    runs, so a refusal of it was not a refusal of the run (nor its pass a pass: F1). Now it runs the network's own
+    blocks: bn0 on the stem's map, and the last stage's projection (stride 2) and identity units, at the smallest
+    maps and the configured per-rank batch (NF5688M6: 408 images of 224 px)."""
+    layout = model.Layout("NHWC", fused=True, normconv_batch=408, wiring="mainloop-fl")
+    net = model.ResNet50V15(layout, 1000, 4, image_hw=(224, 224))
+    blocks = model.probe_blocks(layout, 408, (224, 224))
+    assert [(setting, shape) for setting, _, shape in blocks] == [
+        ("RN50_FUSED_BN", (408, 112, 112, 64)), ("RN50_NORMCONV", (408, 14, 14, 1024)),
+        ("RN50_NORMCONV", (408, 7, 7, 2048))]
+    assert blocks[0][1].fused and blocks[0][1]._kwargs == net.bn0._kwargs
+    for (_, probe, _), unit in zip(blocks[1:], net.stages[-1]):
+        assert (probe.batch, probe.wiring, probe.in_pixels, probe.out_pixels) == (unit.batch, unit.wiring,
+                                                                                  unit.in_pixels, unit.out_pixels)
+        for name in ("conv1", "conv2", "conv3", "conv1sc"):
+            theirs = getattr(unit, name)
+            assert (getattr(probe, name) and getattr(probe, name)._kwargs) == (theirs and theirs._kwargs), name
+    assert [shape for _, _, shape in model.probe_blocks(model.Layout("NHWC", fused=True), 4, (64, 64))] == [
+        (4, 32, 32, 64), (4, 4, 4, 1024), (4, 2, 2, 2048)]  # fused BatchNorm only: the units' fused blocks
+
+
+def test_the_build_probes_the_units_as_the_run_will_and_a_volta_gets_one_line_naming_rn50_normconv_0(monkeypatch):
+    """GPU review 6, F1: on SM 70 the fork refuses the 1x1 stride-2 projection shortcut of stages 2-4; the old probe
+    (one stride-1 unit) passed, and a V100 died at the warm-up's first forward with MXNet's traceback. Now the build
+    runs the stage-4 units at the configured batch (the stand-in's NormConv saw its inputs at those shapes, on SM 80)
+    and its probe stops on SM 70 in one line naming RN50_NORMCONV=0 (both wirings run that shortcut); without
+    NormConv the probe passes, the fused BatchNorm kept."""
+    from rn50_mx.errors import InputError
+    from rn50_mx.standin import ngc
+
+    ctx = gpu_build.install(monkeypatch)
+    seen = []
+    check = ngc.NormConv.check
+    monkeypatch.setattr(ngc.NormConv, "check", lambda self, x: (seen.append(x.shape), check(self, x))[1])
+    s = Settings(device="gpu", input_layout="NHWC", dtype="float16", batch_size=3, image_shape="4,64,64",
+                 num_classes=4, standin="gpu")
+    model.build_model(s, ctx)
+    assert (3, 4, 4, 1024) in seen and (3, 2, 2, 2048) in seen and (2, 4, 4, 32) not in seen, sorted(set(seen))
+    monkeypatch.setitem(ngc.GPU, "sm", 70)
+    for wiring in model.WIRINGS:  # what build_model runs once the network is built
+        with pytest.raises(InputError, match=r"^NVIDIA's NormConv kernels do not run on this GPU \(Only cudnn-based "
+                                             r"NormalizedConvolution supported\.\): set RN50_NORMCONV=0$"):
+            model.check_fused_kernels(model.Layout("NHWC", fused=True, normconv_batch=3, wiring=wiring), 3, (64, 64),
+                                      ctx)
+    assert model.check_fused_kernels(model.Layout("NHWC", fused=True), 3, (64, 64), ctx) is None
+
+
+def test_a_gpu_that_refuses_one_wiring_is_told_the_other_before_rn50_normconv_0(monkeypatch):
+    """Issue 47 item 5: where an image refuses the configured NormConv wiring and runs the other, the build's one
+    line names RN50_NORMCONV_WIRING before RN50_NORMCONV=0 (here a stand-in NormalizedConvolution that refuses 3x3
+    kernels: stats-fl's conv2, which mainloop-fl runs as a NormConvolution); the other wiring's probe passes."""
+    from rn50_mx.errors import InputError
+    from rn50_mx.standin import ngc
+
+    ctx = gpu_build.install(monkeypatch)
+    check = ngc.NormalizedConv.check
+
+    def no_3x3(self, x):
+        if self.p["kernel"] == (3, 3):
+            ngc.refuse("Only cudnn-based NormalizedConvolution supported.")
+        check(self, x)
+    monkeypatch.setattr(ngc.NormalizedConv, "check", no_3x3)
+    layout = model.Layout("NHWC", fused=True, normconv_batch=2)
+    with pytest.raises(InputError, match=r"^NVIDIA's NormConv kernels refuse the stats-fl wiring on this GPU \(Only "
+                                         r"cudnn-based NormalizedConvolution supported\.\): set "
+                                         r"RN50_NORMCONV_WIRING=mainloop-fl, which runs here, or RN50_NORMCONV=0$"):
+        model.check_fused_kernels(layout, 2, (64, 64), ctx)  # as build_model runs it
+    mainloop = dataclasses.replace(layout, wiring="mainloop-fl")
+    assert model.check_fused_kernels(mainloop, 2, (64, 64), ctx) is None
+
+
+def test_the_wiring_is_a_setting_checked_like_the_others():
+    """RN50_NORMCONV_WIRING (--normconv-wiring): stats-fl by default (the v1.0 submission's), mainloop-fl, nothing
+    else; a bad value is one line naming where it came from."""
+    from rn50_mx import config
+
+    assert config.load([], {}).normconv_wiring == "stats-fl"
+    assert config.load([], {"RN50_NORMCONV_WIRING": "mainloop-fl"}).normconv_wiring == "mainloop-fl"
+    assert config.load(["--normconv-wiring", "stats-fl"], {"RN50_NORMCONV_WIRING": "mainloop-fl"}).normconv_wiring \
+        == "stats-fl"
+    cases = [([], {"RN50_NORMCONV_WIRING": "mainloop"}, "RN50_NORMCONV_WIRING='mainloop': must be one of stats-fl, "
+                                                        "mainloop-fl"),
+             ([], {"RN50_NORMCONV_WIRNG": "mainloop-fl"}, "RN50_NORMCONV_WIRNG: unknown variable; did you mean "
+                                                          "RN50_NORMCONV_WIRING?")]
+    for value in bad_values.NAMES.values():  # the empty variable is unset: the default
+        cases += [([], {"RN50_NORMCONV_WIRING": value}, "RN50_NORMCONV_WIRING=") if value else ([], {}, None),
+                  ([f"--normconv-wiring={value}"], {}, "--normconv-wiring")]
+    for argv, environ, words in cases:
+        if words is None:
+            assert config.load(argv, environ).normconv_wiring == "stats-fl"
+            continue
+        with pytest.raises(config.SettingsError) as refused:
+            config.load(argv, environ)
+        message = str(refused.value)
+        assert message.startswith(words) and "\n" not in message, message
+    assert config.FIELDS["normconv_wiring"].metadata["choices"] == model.WIRINGS

@@ -404,3 +404,48 @@ def test_generated_images_on_a_full_disk_are_one_line(tmp_path):
 def test_a_cpu_config_is_refused_before_its_work_folder_is_made(tmp_path):
     assert_one_line_naming(rehearse("CPU", "--quick", "--work", str(tmp_path / "work"), timeout=120), "DEVICE=cpu")
     assert not (tmp_path / "work").exists()  # 7c8846a made it first
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    """--data-train and --data-val of records generated once for the rehearsals below (plan.generated_records: 4
+    classes, as a rehearsal generates them for itself)."""
+    data = plan.generated_records(str(tmp_path_factory.mktemp("records")))
+    return ["--data-train", data["train"], "--data-val", data["val"]]
+
+
+def quick(tmp_path, records, env):
+    """NF5688M6 rehearsed --quick on one rank, on the shared records, with `env` exported after the config: the train
+    stage alone, the cheapest rehearsal that runs a config's path."""
+    return rehearse("NF5688M6", "--quick", "--ranks", "1", *records, "--work", str(tmp_path / "_".join(env.values())),
+                    env=env)
+
+
+@pytest.mark.slow
+def test_a_volta_rehearses_to_one_line_naming_rn50_normconv_0_and_passes_with_it_set(records, tmp_path):
+    """GPU review 6, F1: NF5688M6 as SM 70 (a V100), whose NormConv kernels refuse the 1x1 stride-2 projection
+    shortcut (sneaxiy/NVIDIA-MxNet@ce30b18 cudnn_normalized_convolution-inl.h:449-452): the train stage fails at the
+    build's probe with the run's one line naming RN50_NORMCONV=0, no traceback; with RN50_NORMCONV=0 the run passes.
+    On f3422b2 the rehearsal as SM 70 passed (the probe ran a stride-1 unit, the stand-in took the stride 2), and a
+    V100 would have died at the warm-up's first forward with MXNet's traceback."""
+    refused = quick(tmp_path, records, {"RN50_STANDIN_SM": "70"})
+    status, detail = rows(refused.stdout)["train"]
+    assert refused.returncode == 1 and status == "FAIL", refused.stdout[-3000:] + refused.stderr[-2000:]
+    assert detail == ("exit 1: rn50_mx.train: error: NVIDIA's NormConv kernels do not run on this GPU (Only "
+                      "cudnn-based NormalizedConvolution supported.): set RN50_NORMCONV=0"), detail
+    assert "Traceback" not in refused.stdout + refused.stderr
+    passed = quick(tmp_path, records, {"RN50_STANDIN_SM": "70", "RN50_NORMCONV": "0"})
+    assert passed.returncode == 0, passed.stdout[-3000:] + passed.stderr[-2000:]
+    assert rows(passed.stdout)["train"][0] == "ok"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sm", ["80", "90"], ids=["A100", "H100"])
+def test_nvidias_mainloop_wiring_rehearses(records, tmp_path, sm):
+    """Issue 47 item 5: NF5688M6 with NVIDIA's 24.04 NormConv wiring (RN50_NORMCONV_WIRING=mainloop-fl) rehearses as
+    an A100 and as an H100: the run's build and probe, warm-up, training with NormConvolution applying the statistics,
+    evals, run_stop, the model saved."""
+    result = quick(tmp_path, records, {"RN50_STANDIN_SM": sm, "RN50_NORMCONV_WIRING": "mainloop-fl"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    table = rows(result.stdout)
+    assert table["train"][0] == "ok" and f"NormConv mainloop-fl; stand-in GPU sm_{sm}" in table["config"][1], table

@@ -252,9 +252,10 @@ def build_table(s, ctx):
 
 def test_the_build_rows_check_the_stand_ins_picture_and_name_the_setting_where_it_differs(monkeypatch):
     """Issue 40: on the stand-in build (NVIDIA's as the rehearsal models it) the build's rows pass; where the installed
-    build differs from that picture, a row fails naming the assumption and the setting that avoids it: Gluon's
-    BatchNorm without NVIDIA's keys, a BatchNormAddRelu that lacks one of them, a GPU (SM 89) whose NormConv kernels
-    refuse. On stock MXNet, one line: not NVIDIA's build."""
+    build differs from that picture in what the network passes, a row fails naming the setting that avoids it: a
+    BatchNormAddRelu that lacks a key Gluon's BatchNorm holds, a GPU (SM 89) whose NormConv kernels refuse (both
+    wirings probed, each said). Gluon's BatchNorm without NVIDIA's keys is information (GPU review 6, F3: the
+    network hands the operators what Gluon holds). On stock MXNet, one line: not NVIDIA's build."""
     from mxnet.gluon.nn import basic_layers
 
     from rn50_mx import standin
@@ -264,26 +265,82 @@ def test_the_build_rows_check_the_stand_ins_picture_and_name_the_setting_where_i
     assert build_table(Settings(), mx.cpu()) == {"NVIDIA build": (None, "not NVIDIA's build: MXNet 1.9.1 has neither "
                                                  "BatchNorm(act_type) nor NVIDIA's fused operators, so the stand-ins' "
                                                  "picture of that build is not checked here")}
-    s = Settings(device="gpu", input_layout="NHWC", dtype="float16", standin="gpu")
+    s = Settings(device="gpu", input_layout="NHWC", dtype="float16", standin="gpu", batch_size=2,
+                 image_shape="4,32,32", num_classes=4)
     ctx = gpu_build.install(monkeypatch)
     table = build_table(s, ctx)
     assert list(table) == ["gluon layers", "fused operators", "None keywords", "kernels on this GPU"]
     assert all(status for status, _ in table.values()), table
-    assert "ran in float16 NHWC on sm_80" in table["kernels on this GPU"][1]
+    assert table["kernels on this GPU"][1].startswith(
+        "fused BatchNorm ran; NormConv stats-fl ran; NormConv mainloop-fl ran, at batch 2 on 32x32 images in float16 "
+        "NHWC on sm_80, which the stand-in assumes NormConv takes (ngc.NORMCONV_SM); this config's wiring: stats-fl")
     assert "BatchNormAddRelu(act_type=None) refused" in table["None keywords"][1]
     monkeypatch.setitem(standin.ngc.GPU, "sm", 90)  # an H100, as the 24.04 image is assumed to run them
     assert build_table(s, ctx)["kernels on this GPU"][0] is True
     monkeypatch.setitem(standin.ngc.GPU, "sm", 89)
     status, detail = build_table(s, ctx)["kernels on this GPU"]
-    assert not status and "set RN50_NORMCONV=0; sm_89, which the stand-in assumes they refuse" in detail
+    assert not status and detail.startswith("fused BatchNorm ran; NormConv stats-fl refused (No fallback impl for "
+                                            "unsupported NormConvolution configuration.); NormConv mainloop-fl "
+                                            "refused (No fallback impl"), detail
+    assert detail.endswith("on sm_89, which the stand-in assumes NormConv refuses (ngc.NORMCONV_SM): set "
+                           "RN50_NORMCONV=0"), detail
     real = standin.operator_arguments
     monkeypatch.setattr(standin, "operator_arguments", lambda op: real(op)._replace(
         names=[n for n in real(op).names if not (op == "BatchNormAddRelu" and n == "xbuf_ptr")]))
+    assert build_table(s, ctx)["fused operators"] == (
+        False, "BatchNormAddRelu lacks ['xbuf_ptr'], which the network passes: RN50_FUSED_BN=0 avoids it")
     monkeypatch.setattr(basic_layers._BatchNorm, "__init__", basic_layers._BatchNorm.__init__.stock)
     table = build_table(s, ctx)
-    assert table["gluon layers"][0] is False and "RN50_FUSED_BN=0 avoids them" in table["gluon layers"][1]
-    assert table["fused operators"] == (False, "BatchNormAddRelu lacks ['xbuf_ptr'], which the stand-in gives it: "
-                                               "RN50_FUSED_BN=0 avoids it")
+    assert table["gluon layers"][0] is None and "nothing to set" in table["gluon layers"][1]
+    assert table["fused operators"][0] is None and "BatchNormAddRelu lacks ['xbuf_ptr'], names the stand-in gives " \
+        "them that the network never passes: nothing to set" in table["fused operators"][1]
+
+
+def test_the_build_rows_fail_only_on_what_the_network_passes(monkeypatch):
+    """GPU review 6, F3: the `fused operators` row required every name of the stand-ins' picture, arrays the NDArray
+    functions declare and parameters the network leaves at their defaults, and the `kernels` row failed on an image
+    laxer than the stand-in; a FAIL stops a SELFTEST=1 launch with advice to turn a working feature off. Now: a
+    registry without NormConvolution's declared sum/sum_squares and ScaleBiasAddRelu's fused_relu (never passed) is
+    information; one without a parameter the configured wiring passes fails, naming the other wiring where that one
+    has all of its own; NormConv running where NORMCONV_SM says it refuses is information."""
+    from rn50_mx import standin
+    from rn50_mx.config import Settings
+    from rn50_mx.selftest import build
+    from rn50_mx.selftest.report import CheckFailed, Skipped
+    from tests.support import gpu_build
+
+    gpu_build.install(monkeypatch)
+    real = standin.operator_arguments
+
+    def registry_without(drop):
+        monkeypatch.setattr(standin, "operator_arguments", lambda op: real(op)._replace(
+            names=[n for n in real(op).names if n not in drop.get(op, ())]))
+
+    registry_without({"NormConvolution": ("sum", "sum_squares"), "ScaleBiasAddRelu": ("fused_relu",)})
+    with pytest.raises(Skipped, match=r"take every parameter the network passes; LARS kernels lars_multi_\*; "
+                                      r"NormConvolution lacks \['sum', 'sum_squares'\]; ScaleBiasAddRelu lacks "
+                                      r"\['fused_relu'\], names the stand-in gives them that the network never "
+                                      r"passes: nothing to set$"):
+        build.fused_operators()  # the default wiring, stats-fl
+    registry_without({"NormConvolution": ("eps",)})  # mainloop-fl's conv2 and conv3 pass it, stats-fl's none
+    with pytest.raises(Skipped, match=r"NormConvolution lacks \['eps'\], which the mainloop-fl wiring \(not this "
+                                      r"config's\) passes"):
+        build.fused_operators("stats-fl")
+    with pytest.raises(CheckFailed, match=r"^NormConvolution lacks \['eps'\], which the mainloop-fl wiring passes: "
+                                          r"RN50_NORMCONV_WIRING=stats-fl or RN50_NORMCONV=0 avoids it$"):
+        build.fused_operators("mainloop-fl")
+    registry_without({"BNStatsFinalize": ("elem_count",)})  # both wirings pass it
+    with pytest.raises(CheckFailed, match=r"^BNStatsFinalize lacks \['elem_count'\], which the stats-fl wiring "
+                                          r"passes: RN50_NORMCONV=0 avoids it$"):
+        build.fused_operators("stats-fl")
+    monkeypatch.setattr(build, "compute_capability", lambda ctx: (8, 9))  # an L40S on which the kernels run
+    s = Settings(device="gpu", input_layout="NHWC", dtype="float16", standin="gpu", batch_size=2,
+                 image_shape="4,32,32", num_classes=4)
+    with pytest.raises(Skipped, match=r"NormConv mainloop-fl ran, at batch 2 on 32x32 images in float16 NHWC on "
+                                      r"sm_89, which the stand-in assumes NormConv refuses \(ngc.NORMCONV_SM\): "
+                                      r"NormConv runs where the rehearsal refuses it \(RN50_STANDIN_SM=89 rehearses "
+                                      r"it refused\); nothing to set$"):
+        build.kernels_here(s, mx.cpu(1))
 
 
 def test_the_stack_only_check_says_in_one_line_that_stock_mxnet_is_not_nvidias_build():
@@ -307,5 +364,11 @@ def test_on_a_gpu_whose_normconv_kernels_refuse_the_self_test_says_so_in_rows_na
     table = {row.name: (row.status, row.detail) for row in selftest.device_checks(s, 1, 1, [])}
     refusal = ("NVIDIA's NormConv kernels do not run on this GPU (No fallback impl for unsupported NormConvolution "
                "configuration.): set RN50_NORMCONV=0")
-    assert table["network"] == (False, refusal) and table["kernels on this GPU"][1].startswith(refusal)
+    assert table["network"] == (False, refusal)
+    assert table["kernels on this GPU"] == (False, "fused BatchNorm ran; NormConv stats-fl refused (No fallback impl "
+                                                   "for unsupported NormConvolution configuration.); NormConv "
+                                                   "mainloop-fl refused (No fallback impl for unsupported "
+                                                   "NormConvolution configuration.), at batch 2 on 32x32 images in "
+                                                   "float16 NHWC on sm_89, which the stand-in assumes NormConv "
+                                                   "refuses (ngc.NORMCONV_SM): set RN50_NORMCONV=0")
     assert "layout/precision" not in table and "eval" not in table

@@ -368,6 +368,120 @@ def test_norm_convolution_refusals_are_the_forks(fork, op, message, case):
     refused(message, conv_call(op, **case)[0])
 
 
+@pytest.mark.parametrize("op, message", [("NormConvolution", "No fallback impl for unsupported NormConvolution "
+                                                              "configuration"),
+                                         ("NormalizedConvolution", "Only cudnn-based NormalizedConvolution supported")])
+def test_a_1x1_norm_convolution_of_stride_2_is_refused_on_volta_only(fork, monkeypatch, op, message):
+    """GPU review 6, F1: on SM 70 the fork's Supports() takes a 1x1 kernel with stride 1 only (cudnn_norm_convolution-
+    inl.h:481-484, cudnn_normalized_convolution-inl.h:449-452), so the projection shortcut of stages 2-4 (1x1, stride
+    2) is refused there, a 3x3 of stride 2 taken; SM 80 takes both. The old stand-in took it on SM 70."""
+    monkeypatch.setitem(ngc.GPU, "sm", 70)
+    refused(message, conv_call(op, stride=(2, 2))[0])
+    for taken in (dict(kernel=(3, 3), stride=(2, 2), pad=(1, 1)), dict(stride=(1, 1))):
+        conv_call(op, **taken)[0]()[0].wait_to_read()
+    monkeypatch.setitem(ngc.GPU, "sm", 80)
+    conv_call(op, stride=(2, 2))[0]()[0].wait_to_read()
+
+
+class AppliedNormConv(gluon.HybridBlock):
+    """NormConvolution without no_norm (NVIDIA's resnet-v1b-mainloop-fl: the previous convolution's sums and
+    BatchNorm given, applied with the ReLU before the convolution), traced as the network traces it; its running
+    statistics are the block's parameters, initialised to `stats` on the stand-in device."""
+
+    def __init__(self, stats, **kwargs):
+        super().__init__(prefix="applied_")
+        self.kwargs = dict(dict(no_norm=False, act_type="relu", eps=1e-5, momentum=0.9, fix_gamma=False,
+                                layout="NHWC"), **kwargs)
+        with self.name_scope():
+            self.moving_mean, self.moving_var = (self.params.get(name, shape=stats[0].shape, grad_req="null")
+                                                 for name in ("moving_mean", "moving_var"))
+        self.initialize(ctx=CTX)
+        self.moving_mean.set_data(stats[0])
+        self.moving_var.set_data(stats[1])
+
+    def hybrid_forward(self, F, x, total, squares, gamma, beta, weight, moving_mean, moving_var):
+        return F.NormConvolution(data=x, in_sum=total, in_sum_squares=squares, gamma=gamma, beta=beta,
+                                 moving_mean=moving_mean, moving_var=moving_var, weight=weight, **self.kwargs)
+
+
+def test_a_norm_convolution_applying_statistics_equals_stock_batchnorm_relu_convolution(fork):
+    """NVIDIA's 24.04 wiring (mainloop-fl) makes conv2 and conv3 NormConvolutions that finalize the previous
+    convolution's sums into BatchNorm's statistics and apply them with the ReLU (cudnn_norm_convolution-inl.h:
+    595-663, 171-267, 342-446): against stock BatchNorm (training) -> ReLU -> convolution, NCHW float32: output, the
+    output's sums, the gradients of data, gamma, beta and weight (none of the sums), the running statistics moved
+    (the variance unbiased, as BNStatsFinalize's); then inference on them. The old stand-in refused the mode."""
+    rng = np.random.RandomState(4)
+    c, geometry = 32, dict(kernel=(3, 3), stride=(2, 2), pad=(1, 1), num_filter=32)
+    x, w = rand(rng, (2, 5, 5, c)).astype("float16"), rand(rng, (32, 3, 3, c), -0.2, 0.2).astype("float16")
+    gamma, beta, mean, var = bn_params(rng, c)
+    head = rand(rng, (2, 3, 3, 32))
+    block = AppliedNormConv((mean, var), **geometry)
+    block.hybridize(static_alloc=True, static_shape=True)
+    x32 = x.astype("float32")
+    sums = [x32.sum(axis=(0, 1, 2)), (x32 * x32).sum(axis=(0, 1, 2))]
+    outputs = []
+
+    def applied(a, g, b, k):
+        outputs.extend(block(a, *sums, g, b, k))
+        return outputs[0]
+
+    got, got_grads = grads_of(applied, x, gamma, beta, w, head=head.astype("float16"))
+    stock_stats = [mean.copy(), var.copy()]
+
+    def stock(a, g, b, k):
+        return nhwc(nd.Convolution(nchw(nd.relu(stock_bn(a, g, b, *stock_stats))), nchw(k), no_bias=True,
+                                   **geometry))
+
+    want, want_grads = grads_of(stock, x32, gamma, beta, w.astype("float32"), head=head)
+    assert got.dtype == np.float16 and got.context == CTX and [o.dtype for o in outputs[1:]] == [np.float32] * 2
+    np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), **HALF)
+    np.testing.assert_allclose(outputs[1].asnumpy(), want.sum(axis=(0, 1, 2)).asnumpy(), rtol=2e-2, atol=0.5)
+    for name, g, e in zip(("data", "gamma", "beta", "weight"), got_grads, want_grads):
+        np.testing.assert_allclose(g.asnumpy(), e.asnumpy(), err_msg=name, rtol=2e-2, atol=5e-2)
+    moved = [block.moving_mean.data().asnumpy(), block.moving_var.data().asnumpy()]
+    np.testing.assert_allclose(moved[0], stock_stats[0].asnumpy(), rtol=1e-3, atol=1e-4)
+    unbiased = np.var(x32.reshape((-1, c)).asnumpy(), axis=0, ddof=1)
+    np.testing.assert_allclose(moved[1], 0.9 * var.asnumpy() + 0.1 * unbiased, rtol=1e-3)
+    frozen = [nd.array(m, ctx=CTX) for m in moved]
+    inferred = nhwc(nd.Convolution(nchw(nd.relu(stock_bn(x, gamma, beta, *frozen))), nchw(w.astype("float32")),
+                                   no_bias=True, **geometry))
+    with autograd.predict_mode():
+        np.testing.assert_allclose(block(x, *sums, gamma, beta, w)[0].asnumpy(), inferred.asnumpy(), **HALF)
+    np.testing.assert_array_equal(block.moving_mean.data().asnumpy(), moved[0])
+
+
+@pytest.mark.parametrize("case, message", [
+    (dict(fix_gamma=True), "fix_gamma=True: the stand-in models fix_gamma=False only"),
+    (dict(use_global_stats=True), "use_global_stats=True: the stand-in models use_global_stats=False only"),
+    ("add", "NormConvolution dgrad output summation not supported when applying stats"),
+], ids=["fix_gamma", "use_global_stats", "data gradient added"])
+def test_a_norm_convolution_applying_statistics_refuses_what_the_fork_would_not_run_as_modelled(fork, case, message):
+    """The finalize's switches the network never sets (fix_gamma would write 1 into gamma, cudnn_norm_convolution-
+    inl.h:626; the others change the outputs), and a data gradient to add to, which the fork refuses with its
+    statistics applied (:352-354)."""
+    rng = np.random.RandomState(5)
+    x, w = rand(rng, (2, 4, 4, 32)).astype("float16"), rand(rng, (32, 1, 1, 32)).astype("float16")
+    gamma, beta, mean, var = bn_params(rng, 32)
+    block = AppliedNormConv((mean, var), kernel=(1, 1), num_filter=32, **(case if case != "add" else {}))
+    block.hybridize()
+    sums = [x.astype("float32").sum(axis=(0, 1, 2)), (x.astype("float32") ** 2).sum(axis=(0, 1, 2))]
+    refused(message, lambda: add_request_backward(lambda a: block(a, *sums, gamma, beta, w)[0], x,
+                                                  add=(0,) if case == "add" else ()))
+
+
+def test_scale_bias_add_relu_composes_with_the_forks_default_flags(fork):
+    """NVIDIA's mainloop-fl projection unit calls ScaleBiasAddRelu without dual_scale_bias and fused_add
+    (resnet-v1b-mainloop-fl.py:76-82), whose defaults are true (scale_bias_add_relu-inl.h:128-131): its inputs are
+    dataZ and the z_ statistics too. The old stand-in took the flags as false and refused dataZ."""
+    names = ["dataX", "dataZ", "x_equiv_scale", "x_equiv_bias", "z_equiv_scale", "z_equiv_bias", "x_gamma", "x_beta",
+             "x_mean", "x_invvar", "z_gamma", "z_beta", "z_mean", "z_invvar"]
+    out = mx.sym.ScaleBiasAddRelu(**{n: mx.sym.var(n) for n in names}, layout="NHWC", act_type="relu")
+    assert out.list_inputs() == names
+    plain = mx.sym.ScaleBiasAddRelu(**{n: mx.sym.var(n) for n in names if "Z" not in n and "z_" not in n},
+                                    layout="NHWC", act_type="relu", dual_scale_bias=False, fused_add=False)
+    assert "dataZ" not in plain.list_inputs()
+
+
 def test_norm_convolution_layout_and_weight_keyword(fork):
     """NCHW is not NHWC; and the NDArray function declares no `weight` (norm_convolution.cc:475-481), so the fork
     refuses it by keyword (which is why model.py takes NormConv only while tracing)."""

@@ -122,28 +122,27 @@ def expected_model(settings):
     return {p.name: (p.shape, np.dtype(p.dtype)) for p in trainer._params}
 
 
-def dali_problem(folder, meta, s, device_id):
-    """Why the DALI states of the checkpoint in `folder` (rank<R>.<split>.dali) would fail the resumed run of settings
-    `s` (the checkpoint's own, with this run's free ones) after run_start, or None: each listed, and each restored by
-    DALI itself into the pipeline that split builds (data.pipeline, on `device_id` as the run's), which reads the
-    data's .idx for it (a resume is never scored). A state is put into a scratch pipeline of the rank's first shard:
-    DALI restores any shard's state into it, and refuses bytes it cannot parse or that name operators the pipeline
-    has not. Data the settings name that cannot be read are their own line (InputError), not the checkpoint's."""
-    splits = [split for split in ("train", "val") if dali_split(s, split)]
-    for split in splits:
+def dali_problem(folder, meta, s, rank, device_id):
+    """Why rank `rank`'s DALI states in the checkpoint in `folder` (rank<R>.<split>.dali) would fail the resumed run of
+    settings `s` (the checkpoint's own, with this run's free ones) after run_start, or None: each listed, and each
+    restored by DALI itself into the pipeline that split builds for that rank (data.pipeline, on `device_id`, that
+    rank's own device), which reads the data's .idx for it (a resume is never scored). DALI refuses bytes it cannot
+    parse or that name operators the pipeline has not. Each rank checks its own (folder.agree), so the check costs
+    one rank's builds whatever the world size. Data the settings name that cannot be read are their own line
+    (InputError), not the checkpoint's."""
+    for split in (split for split in ("train", "val") if dali_split(s, split)):
         rec, idx = records.rec_and_idx(s, split == "train")
-        for rank in range(meta["world"]):
-            name = f"rank{rank}.{split}.dali"
-            if name not in meta["files"]:
-                return f"meta.json lists no {name}, rank {rank}'s {split} reader state"
-            with open(os.path.join(folder, name), "rb") as f:
-                state = f.read()
-            sizes = iters.SizeSchedule(s) if split == "train" and s.prog_start_side else None
-            try:
-                pipeline.build_pipeline(s, rec, idx, split == "train", rank, meta["world"], 0, device_id, state,
-                                        sizes).build()
-            except RuntimeError as err:
-                return f"{name}: DALI cannot restore it ({str(err).strip().splitlines()[0][:200]})"
+        name = f"rank{rank}.{split}.dali"
+        if name not in meta["files"]:
+            return f"meta.json lists no {name}, rank {rank}'s {split} reader state"
+        with open(os.path.join(folder, name), "rb") as f:
+            state = f.read()
+        sizes = iters.SizeSchedule(s) if split == "train" and s.prog_start_side else None
+        try:
+            pipeline.build_pipeline(s, rec, idx, split == "train", rank, meta["world"], 0, device_id, state,
+                                    sizes).build()
+        except RuntimeError as err:
+            return f"{name}: DALI cannot restore it ({str(err).strip().splitlines()[0][:200]})"
     return None
 
 

@@ -33,9 +33,11 @@ FREE = {"checkpoint_dir", "checkpoint_every", "save_model", "mllog_file", "disp_
 
 def differences(saved, s, world):
     """'--flag VALUE (checkpoint: OLD)' for each setting that decides the data order or the numerics and differs
-    from the checkpoint's (the seed only when given: a run without one takes the checkpoint's)."""
+    from the checkpoint's (the seed only when given: a run without one takes the checkpoint's). A setting the
+    checkpoint does not record is older than it and was at its default (RN50_NORMCONV_WIRING: stats-fl)."""
     now = {**{f: getattr(s, f) for f in config.FIELDS if f not in FREE}, "ranks": world}
-    was = {**saved["settings"], "ranks": saved["world"]}
+    was = {**{f: config.FIELDS[f].default for f in now if f in config.FIELDS}, **saved["settings"],
+           "ranks": saved["world"]}
     if s.seed is not None:
         now["seed"], was["seed"] = s.seed, saved["seed"]
     return [f"{config.flag_name(k) if k != 'ranks' else 'ranks'} {now[k]} (checkpoint: {was.get(k)})"
@@ -277,13 +279,16 @@ def refuse_ended(folder):
 
 
 def resume_problem(folder, s, d):
-    """What only a resume reads of the checkpoint in `folder` (disk.problem passed), for the run of settings `s` on
-    rank 0 of `d`: its DALI states, restored by DALI into the pipelines of the checkpoint's settings on this run's
-    device (contents.dali_problem), or None."""
+    """What only a resume reads of the checkpoint in `folder` (disk.problem passed), for the run of settings `s`, on
+    this rank of `d`: its own DALI states, restored by DALI into the pipelines of the checkpoint's settings on its
+    own device (contents.dali_problem), or None. A rank the checkpoint has none for has nothing to check (a run on
+    another world size is refused once the ranks agree, naming it: differences)."""
     meta = read_meta(folder)
+    if d.rank >= meta["world"]:
+        return None
     recorded = config.Settings(**{**{f: getattr(s, f) for f in FREE}, **meta["settings"]})
     ctx = dist.context(s, d.local_rank)
-    return dali_problem(folder, meta, recorded, ctx.device_id if ctx.device_type == "gpu" else None)
+    return dali_problem(folder, meta, recorded, d.rank, ctx.device_id if ctx.device_type == "gpu" else None)
 
 
 def newest_usable(folder, set_aside=True, deeper=lambda path: None):
@@ -317,9 +322,40 @@ def newest_usable(folder, set_aside=True, deeper=lambda path: None):
 
 
 def agree(d, folder, deeper):
-    """The checkpoint every rank resumes from: rank 0's choice (newest_usable with `deeper`; its step, summed over
-    ranks)."""
-    chosen = newest_usable(folder, deeper=deeper) if d.rank == 0 else None
-    step = int(STEP.match(os.path.basename(chosen)).group(1)) + 1 if chosen else 0
-    step = int(d.host_sum([step]).asscalar())
-    return os.path.join(folder, f"step-{step - 1}") if step else None
+    """The checkpoint every rank resumes from: the newest that passes rank 0's checks of its files (newest_usable)
+    and every rank's own `deeper` check (each of its own states, on its own device, all ranks at once), or None.
+    Rank 0 names each candidate to the others (its step + 1 in a sum over the ranks; 0: none is left), and the ranks
+    answer with one sum of their verdicts, a slot each."""
+    if d.rank:
+        while True:
+            step = int(d.host_sum([0]).asscalar())
+            if not step:
+                return None
+            path = os.path.join(folder, f"step-{step - 1}")
+            if verdict(d, path, deeper) is None:
+                return path
+
+    def announced(path):
+        if d.size > 1:
+            d.host_sum([int(STEP.match(os.path.basename(path)).group(1)) + 1])
+        return verdict(d, path, deeper)
+
+    chosen = newest_usable(folder, deeper=announced)
+    if chosen is None and d.size > 1:  # the others wait for a candidate: none
+        d.host_sum([0])
+    return chosen
+
+
+def verdict(d, path, deeper):
+    """None when `deeper` passes the checkpoint in `path` on every rank, else why (rank 0's own reason, or the ranks
+    that refused it, each of which printed its own line)."""
+    why = deeper(path)
+    if why and d.rank:
+        print(f"rn50_mx: {path}: refused on rank {d.rank} ({why})", file=sys.stderr, flush=True)
+    refused = d.host_sum([int(bool(why) and r == d.rank) for r in range(d.size)]).asnumpy()
+    ranks = [str(r) for r in range(d.size) if refused[r]]
+    if not ranks:
+        return None
+    several = len(ranks) > 1
+    return why or (f"rank{'s' * several} {', '.join(ranks)} refused {'their' if several else 'its'} DALI states, "
+                   f"saying why in {'their' if several else 'its'} own line{'s' * several}")

@@ -70,8 +70,9 @@ def rehearse(s, ranks, work, quick=False, own_data=False):
     """[Row] of every stage, in order (with `quick`, the run alone), on generated records or, with `own_data`, on
     the settings' data files; a stage whose input an earlier one failed to make is not run."""
     rows = [Row("config", True, f"{s.dgxsystem or 'sourced'}: {s.device} {s.input_layout} {s.dtype}, "
-                f"{s.optimizer}, batch {s.batch_size} x {s.world_size}; stand-in GPU sm_{s.standin_sm} "
-                "(RN50_STANDIN_SM)")]
+                f"{s.optimizer}, batch {s.batch_size} x {s.world_size}"
+                + (f", NormConv {s.normconv_wiring}" if s.normconv else ", NormConv off")
+                + f"; stand-in GPU sm_{s.standin_sm} (RN50_STANDIN_SM)")]
     data = {"train": s.data_train, "val": s.data_val} if own_data else None
     if data is None:  # DATADIR's ImageNet is not read: each shrunk eval would read its whole val split
         data = planning.generated_records(os.path.join(work, "data"), s.num_classes)

@@ -7,7 +7,7 @@ A FAKE, named as one. Each computes the function we read in the fork's source, i
 with the fork's own message, what the fork's kernels refuse: dtype, layout/axis, act_type, shapes, grad_req kAddTo.
 It checks our wiring and those rules as read from the source; it says nothing of NVIDIA's kernels' numerics, speed or
 memory. The GPU's compute capability is a setting (RN50_STANDIN_SM, default 80: an A100), checked against
-NORMCONV_SM, an assumption: see there.
+NORMCONV_SM, an assumption (see there), and against Volta's own kernel rule (NormConv.check).
 
 Source: NVIDIA's MXNet fork as mirrored in sneaxiy/NVIDIA-MxNet @ ce30b18 (1.8-based); every file cited is under its
 src/operator/nn/. Where the fork accepts an input and computes something else, or ignores grad_req kAddTo (it
@@ -25,14 +25,17 @@ from mxnet import autograd, nd
 OPERATORS = ("BatchNormAddRelu", "NormConvolution", "NormalizedConvolution", "BNStatsFinalize", "ScaleBiasAddRelu")
 
 # The inputs each operator takes by name in a symbol (its FListInputNames) per mode, then its auxiliary states.
-# batch_norm.cc (BatchNorm); batch_norm_add_relu.cc:522-525; norm_convolution.cc:433-441;
-# normalized_convolution.cc:406-412; bn_stats_finalize.cc:230-234; scale_bias_add_relu.cc:279-295.
+# batch_norm.cc (BatchNorm); batch_norm_add_relu.cc:522-525; norm_convolution.cc:433-441 (without no_norm: the
+# previous convolution's sums, the BatchNorm they finalize, then the weight; the running statistics are inputs the
+# operator mutates, FMutateInputs :468-474, here auxiliary states); normalized_convolution.cc:406-412;
+# bn_stats_finalize.cc:230-234; scale_bias_add_relu.cc:279-295.
 SCALE_BIAS_X = ("x_equiv_scale", "x_equiv_bias")
 STATS_X = ("x_gamma", "x_beta", "x_mean", "x_invvar")
 INPUTS = {
     ("BatchNorm", ""): ("data", "gamma", "beta"),
     ("BatchNormAddRelu", ""): ("data", "gamma", "beta", "addend"),
     ("NormConvolution", "no_norm"): ("data", "weight"),
+    ("NormConvolution", ""): ("data", "in_sum", "in_sum_squares", "gamma", "beta", "weight"),
     ("NormalizedConvolution", "no_equiv_scale_bias"): ("data", "weight"),
     ("BNStatsFinalize", ""): ("sum", "sum_squares", "gamma", "beta"),
     ("ScaleBiasAddRelu", ""): ("dataX",) + SCALE_BIAS_X + STATS_X,
@@ -41,8 +44,9 @@ INPUTS = {
         "dataX", "dataZ") + SCALE_BIAS_X + ("z_equiv_scale", "z_equiv_bias") + STATS_X + (
         "z_gamma", "z_beta", "z_mean", "z_invvar"),
 }
-AUX = {"BatchNorm": ("moving_mean", "moving_var"), "BatchNormAddRelu": ("moving_mean", "moving_var"),
-       "BNStatsFinalize": ("moving_mean", "moving_var")}
+STATISTICS = ("moving_mean", "moving_var")
+AUX = {"BatchNorm": STATISTICS, "BatchNormAddRelu": STATISTICS, "BNStatsFinalize": STATISTICS,
+       ("NormConvolution", ""): STATISTICS}
 # The NDArray functions' declared arguments (add_argument), in order: a generated function binds arrays to these and
 # hands them to the operator in this order, whatever their names (mxnet/ndarray/register.py); an NDArray under any
 # other keyword is refused. NormConvolution declares no `weight` (norm_convolution.cc:475-481).
@@ -245,7 +249,7 @@ class Prop(mx.operator.CustomOpProp):
         return list(input_names(self.name, self.mode))
 
     def list_auxiliary_states(self):
-        return list(AUX.get(self.name, ()))
+        return list(aux_names(self.name, self.mode))
 
     def list_outputs(self):
         return list(self.outputs)
@@ -256,7 +260,12 @@ class Prop(mx.operator.CustomOpProp):
 
 def fork_inputs(op, mode):
     """Every input of op in mode by its name in the fork (its FListInputNames): arguments, then statistics."""
-    return input_names(op, mode) + AUX.get(op, ())
+    return input_names(op, mode) + aux_names(op, mode)
+
+
+def aux_names(op, mode):
+    """The running statistics op takes in mode (its auxiliary states here)."""
+    return AUX.get((op, mode), AUX.get(op, ()))
 
 
 def input_names(op, mode):
@@ -418,17 +427,30 @@ def nhwc(a):
 
 class NormConv(StandIn):
     """Convolution (NHWC, no bias) and its output's per-channel sum and sum of squares, which get no gradient (the
-    backward node takes the output's gradient only, norm_convolution.cu:119-131)."""
+    backward node takes the output's gradient only, norm_convolution.cu:119-131).
+
+    NormConvolution without no_norm (NVIDIA's resnet-v1b-mainloop-fl wiring) first applies to its input the
+    BatchNorm whose statistics it is given: the previous convolution's sums, finalized into the batch's mean and
+    inverse std over data.size / channels values, the running statistics moved in training and used in inference
+    (FinalizeForward, cudnn/cudnn_norm_convolution-inl.h:595-663), then scale, bias and act_type, then the
+    convolution (Forward, :171-267). Its backward is the convolution's, then NhwcBatchNorm's with the ReLU on the
+    data, gamma and beta (:342-446), none on the sums (the fork writes none)."""
     prop_name = "NormConvolution"
+
+    @property
+    def normalizes(self):
+        return self.prop_name == "NormConvolution" and not self.p["no_norm"]
 
     def check(self, x):
         """CuDNNNormConvolutionOp::Supports (cudnn/cudnn_norm_convolution-inl.h:455-503, the GPU's compute capability
-        as NORMCONV_SM assumes) and its twin (cudnn_normalized_convolution-inl.h:423-471), else the fork's refusal (norm_convolution.cu:94-105,
-        136-152; normalized_convolution.cu:93-99 falls back to a class whose Init refuses,
-        normalized_convolution-inl.h:171). Kernel rule as on Ampere (SM 80: 3x3 or 1x1, any stride); Volta's
-        1x1 needs stride 1."""
+        as NORMCONV_SM assumes) and its twin (cudnn_normalized_convolution-inl.h:423-471), else the fork's refusal
+        (norm_convolution.cu:94-105, 136-152; normalized_convolution.cu:93-99 falls back to a class whose Init
+        refuses, normalized_convolution-inl.h:171). 3x3 or 1x1 kernels, any stride; on Volta (SM 70) a 1x1 only
+        with stride 1 (cudnn_norm_convolution-inl.h:481-484, cudnn_normalized_convolution-inl.h:449-452): the
+        projection shortcut of stages 2-4 (1x1, stride 2) is refused there."""
         p = self.p
-        supported = (p["layout"] == "NHWC" and len(p["kernel"]) == 2 and p["kernel"] in ((3, 3), (1, 1))
+        kernels = ((3, 3),) if GPU["sm"] == 70 and p["stride"] != (1, 1) else ((3, 3), (1, 1))
+        supported = (p["layout"] == "NHWC" and len(p["kernel"]) == 2 and p["kernel"] in kernels
                      and p["dilate"] == (1, 1) and p["num_group"] == 1 and x.shape[-1] % 32 == 0
                      and p["num_filter"] % 32 == 0 and x.dtype == np.float16 and GPU["sm"] in NORMCONV_SM)
         if not supported:
@@ -439,36 +461,94 @@ class NormConv(StandIn):
         return nhwc(nd.Convolution(nchw(x), nchw(w), kernel=p["kernel"], stride=p["stride"], pad=p["pad"],
                                    num_filter=p["num_filter"], no_bias=True))
 
+    def statistics(self, a):
+        """The batch's mean and variance from the previous convolution's sums, and the count of values they sum
+        (FinalizeForward's training op: elem_count, the data's size over its channels, cudnn_norm_convolution-inl.h:
+        654)."""
+        count = a["data"].size // a["data"].shape[-1]
+        mean = a["in_sum"] / count
+        return mean, a["in_sum_squares"] / count - mean * mean, count
+
+    def activation(self, y):
+        return nd.relu(y) if self.p["act_type"] == "relu" else y
+
     def forward(self, is_train, req, in_data, out_data, aux):
-        self.check(in_data[0])
-        y = self.conv(f32(in_data[0]), f32(in_data[1]))
+        a = dict(zip(self.names, in_data))
+        self.check(a["data"])
+        x = f32(a["data"])
+        if self.normalizes:
+            if is_train:
+                mean, var, count = self.statistics(a)
+                move(aux[0], mean, self.p["momentum"])
+                move(aux[1], unbiased(var, count), self.p["momentum"])
+            else:  # the inference op: the running statistics (cudnn_norm_convolution-inl.h:628-640)
+                mean, var = aux[0], aux[1]
+            x = self.activation(normalize(x, mean, 1 / nd.sqrt(var + self.p["eps"]), a["gamma"], a["beta"]))
+        y = self.conv(x, f32(a["weight"]))
         axes = (0, 1, 2)
         self.write(out_data[0], req[0], y)
         self.write(out_data[1], req[1], y.sum(axis=axes))
         self.write(out_data[2], req[2], (y * y).sum(axis=axes))
 
     def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
-        self.check(in_data[0])
-        if self.p["act_type"] is not None:  # cudnn_norm_convolution-inl.h:414-415, normalized :382-383
-            refuse(f"Relu activation with {self.mode} not yet supported.")
+        a = dict(zip(self.names, in_data))
+        self.check(a["data"])
+        if not self.normalizes and self.p["act_type"] is not None:  # cudnn_norm_convolution-inl.h:414-415,
+            refuse(f"Relu activation with {self.mode} not yet supported.")  # normalized :382-383
         # wgrad: "This operator does not support output blending" (cudnn_norm_convolution-inl.h:326-340,
         # normalized :290-306): the weight gradient is overwritten. dgrad adds on kAddTo when only the convolution
-        # is present (:349-351, normalized :315-317), as here.
-        self.no_add(req, "cudnn/cudnn_norm_convolution-inl.h:326-340, cudnn_normalized_convolution-inl.h:290-306",
-                    names=("weight",))
-        x, w = f32(in_data[0]), f32(in_data[1])
-        x.attach_grad()
+        # is present (:349-351, normalized :315-317); applying statistics, the fork refuses it (:352-354), and
+        # NhwcBatchNorm's backward overwrites gamma's and beta's (nhwc_batch_norm-inl.h:205-290).
+        self.no_add(req, "cudnn/cudnn_norm_convolution-inl.h:326-340, cudnn_normalized_convolution-inl.h:290-306, "
+                    "nhwc_batch_norm-inl.h:205-290", names=("weight", "gamma", "beta"))
+        if self.normalizes and req[0] == "add":
+            refuse("NormConvolution dgrad output summation not supported when applying stats (needs extra conv "
+                   "dgrad buffer not yet allocated).")
+        x = f32(a["data"])
+        grads = {name: nd.zeros_like(array) for name, array in a.items()}
+        applied = x
+        if self.normalizes:
+            mean, var, _ = self.statistics(a)
+            inv_std = 1 / nd.sqrt(var + self.p["eps"])
+            pre = normalize(x, mean, inv_std, a["gamma"], a["beta"])
+            applied = self.activation(pre)
+        w = f32(a["weight"])
+        applied.attach_grad()
         w.attach_grad()
         with autograd.record():
-            y = self.conv(x, w)
+            y = self.conv(applied, w)
         y.backward(f32(out_grad[0]))
-        self.write(in_grad[0], req[0], x.grad)
-        self.write(in_grad[1], req[1], w.grad)
+        grads["data"], grads["weight"] = applied.grad, w.grad
+        if self.normalizes:
+            d_pre = applied.grad * (pre > 0) if self.p["act_type"] == "relu" else applied.grad
+            grads["data"], grads["gamma"], grads["beta"] = bn_backward(d_pre, x, mean, inv_std, a["gamma"])
+        for i, name in enumerate(self.names):
+            self.write(in_grad[i], req[i], grads[name])
+
+
+# NormConvolution's parameters from 'Finalize', which it reads without no_norm (norm_convolution-inl.h:151-166).
+FINALIZE_PARAMS = {"eps": (float, 1e-3), "momentum": (float, 0.9), "fix_gamma": (to_bool, True),
+                   "use_global_stats": (to_bool, False), "output_mean_var": (to_bool, False),
+                   "output_equiv_scale_bias": (to_bool, False)}
 
 
 class NormConvProp(Prop):
-    name, spec, outputs, op = "NormConvolution", dict(CONV_PARAMS, no_norm=(to_bool, False)), (
-        "output", "sum", "sum_squares"), NormConv
+    name, outputs, op = "NormConvolution", ("output", "sum", "sum_squares"), NormConv
+    spec = dict(CONV_PARAMS, no_norm=(to_bool, False), **FINALIZE_PARAMS)
+
+    @classmethod
+    def validate(cls, params):
+        """Without no_norm, the finalize as NVIDIA's mainloop-fl calls it (fix_gamma=False: resnet-v1b-mainloop-fl.py:
+        223, 234), the only one the stand-in models: fix_gamma writes 1 into gamma (cudnn_norm_convolution-inl.h:626);
+        use_global_stats, output_mean_var and output_equiv_scale_bias change the op's outputs (:455-467)."""
+        p = super().validate(params)
+        if not p.get("no_norm", True):
+            for name, modelled in (("fix_gamma", False), ("use_global_stats", False), ("output_mean_var", False),
+                                   ("output_equiv_scale_bias", False)):
+                if p[name] != modelled:
+                    refuse(f"NormConvolution without no_norm, {name}={p[name]}: the stand-in models {name}={modelled} "
+                           "only (NVIDIA's resnet-v1b-mainloop-fl)")
+        return p
 
     def infer_shape(self, in_shape):
         data, p = in_shape[0], self.p
@@ -478,13 +558,18 @@ class NormConvProp(Prop):
         (kh, kw), (sh, sw), (ph, pw) = p["kernel"], p["stride"], p["pad"]
         out = (n, (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1, p["num_filter"])
         k = (p["num_filter"],)
-        return [data, (p["num_filter"], kh, kw, c)], [out, k, k], []
+        shapes = [data if name == "data" else (p["num_filter"], kh, kw, c) if name == "weight" else (c,)
+                  for name in self.list_arguments()]  # norm_convolution.cc:133-150
+        return shapes, [out, k, k], [(c,)] * len(self.list_auxiliary_states())
 
     def infer_type(self, in_type):
-        """weight and output of the data's type, the sums float32 (norm_convolution.cc:203-244)."""
+        """weight and output of the data's type, the sums float32; without no_norm the sums, gamma, beta and running
+        statistics it takes float32 (norm_convolution.cc:203-244)."""
         data = in_type[0]
-        types = uniform_types(in_type, [data, data], self.list_arguments())
-        return types, [data, accreal(data), accreal(data)], []
+        names = self.list_arguments()
+        expected = [data if name in ("data", "weight") else accreal(data) for name in names]
+        aux = [accreal(data)] * len(self.list_auxiliary_states())
+        return uniform_types(in_type, expected, names), [data, accreal(data), accreal(data)], aux
 
 
 class NormalizedConv(NormConv):
@@ -708,8 +793,13 @@ def op_type(name):
 
 # ---- the fork's names on mx.sym and mx.nd ------------------------------------------------------------------------
 
-def mode_of(kwargs):
-    return " ".join(f for f in MODE_FLAGS if kwargs.get(f) not in (None, False, "False", "false", 0, "0"))
+def mode_of(op, kwargs):
+    """The mode flags op is called with: each as given, else the fork's default (ScaleBiasAddRelu's dual_scale_bias
+    and fused_add are true unless set false, scale_bias_add_relu-inl.h:128-131), as the fork's parser, and so its
+    FListInputNames, see them."""
+    spec = PROPS[op].spec
+    given = {f: kwargs.get(f, spec[f][1] if f in spec else None) for f in MODE_FLAGS}
+    return " ".join(f for f, value in given.items() if value not in (None, False, "False", "false", 0, "0"))
 
 
 def params_of(kwargs):
@@ -726,7 +816,7 @@ def symbol_function(op):
     <node>_<input>, nnvm/src/core/symbolic.cc Compose)."""
     def compose(*args, name=None, attr=None, **kwargs):
         arrays = {k: kwargs.pop(k) for k in list(kwargs) if isinstance(kwargs[k], mx.sym.Symbol)}
-        names = fork_inputs(op, mode_of(kwargs))
+        names = fork_inputs(op, mode_of(op, kwargs))
         for key in arrays:
             if key not in names:
                 listed = "".join(f"\t[{i}]{n}\n" for i, n in enumerate(names))
@@ -752,12 +842,13 @@ def ndarray_function(op):
             if isinstance(value, nd.NDArray):
                 refuse(f"Cannot find argument '{key}', Possible Arguments: {', '.join(declared)}, in operator {op}")
         given = [k for k in declared if bound.get(k) is not None]
-        names = fork_inputs(op, mode_of(kwargs))
+        mode = mode_of(op, kwargs)
+        names = fork_inputs(op, mode)
         if len(given) != len(names):
             refuse(f"{op} takes {len(names)} inputs here, {list(names)}; given {len(given)}")
         # The operator takes the arrays in the declared order, as its inputs of the mode; the ops with
         # statistics declare their inputs under their own names (BatchNormAddRelu's addend after them).
-        order = given if AUX.get(op) else names
+        order = given if aux_names(op, mode) else names
         inputs = {n: bound[k] for n, k in zip(order, given)}
         return builder(op)(nd.Custom, inputs, name, params_of(kwargs))
     call.__name__ = op
@@ -772,7 +863,7 @@ def builder(op):
 
     def build(custom, inputs, name, params):
         PROPS[op].validate(params)
-        names = fork_inputs(op, mode_of(params))
+        names = fork_inputs(op, mode_of(op, params))
         return custom(*[inputs[n] for n in names], op_type=op_type(op), name=name, **params)
     return build
 

@@ -87,9 +87,19 @@ class NormConvOps:
         return out, stats.sum(axis=(0, 1, 2)), (stats * stats).sum(axis=(0, 1, 2))
 
     @classmethod
-    def NormConvolution(cls, no_norm, **kwargs):
-        assert no_norm  # the stats-fl network's first convolution: no normalisation of its input
-        return cls._conv_stats(**kwargs)
+    def NormConvolution(cls, no_norm, data, **kwargs):
+        """no_norm: a convolution and its sums (both wirings' conv1); else (mainloop-fl's conv2 and conv3) the
+        BatchNorm of the sums and statistics it is given, finalized over the data's pixels and applied with the
+        ReLU to the data first (cudnn_norm_convolution-inl.h, FinalizeForward, Forward, Backward)."""
+        if no_norm:
+            return cls._conv_stats(data=data, **kwargs)
+        assert kwargs.pop("act_type") == "relu"
+        names = ("gamma", "beta", "moving_mean", "moving_var", "eps", "momentum", "fix_gamma")
+        stats = cls.BNStatsFinalize(sum=kwargs.pop("in_sum"), sum_squares=kwargs.pop("in_sum_squares"),
+                                    **{k: kwargs.pop(k) for k in names}, output_mean_var=True,
+                                    elem_count=data.size // data.shape[-1])
+        applied = ScaleBiasAddReluFn({"x": stats[:4]})(data, stats[4], stats[5])
+        return cls._conv_stats(data=applied, act_type=None, **kwargs)
 
     @classmethod
     def NormalizedConvolution(cls, no_equiv_scale_bias, **kwargs):
@@ -116,7 +126,7 @@ class NormConvOps:
 
     @staticmethod
     def ScaleBiasAddRelu(dataX, x_equiv_scale, x_equiv_bias, x_gamma, x_beta, x_mean, x_invvar, act_type, layout,
-                         dual_scale_bias, fused_add, dataZ=None, **z):
+                         dual_scale_bias=True, fused_add=True, dataZ=None, **z):  # scale_bias_add_relu-inl.h:128-131
         assert act_type == "relu" and layout == "NHWC" and (dataZ is not None) == fused_add
         inputs = [dataX, x_gamma, x_beta]
         constants = {"x": (x_equiv_scale, x_equiv_bias, x_mean, x_invvar)}
@@ -139,7 +149,7 @@ class TraceOps:
     def __getattr__(self, op):
         def call(**kwargs):
             names = {k for k, v in kwargs.items() if isinstance(v, mx.sym.Symbol)}
-            assert names == set(fork_inputs(op, mode_of(kwargs))), (op, sorted(names))
+            assert names == set(fork_inputs(op, mode_of(op, kwargs))), (op, sorted(names))
             used = [mx.sym.sum(v) for v in kwargs.values() if isinstance(v, mx.sym.Symbol)]
             return [mx.sym.add_n(*used)] * self.OUTPUTS[op]
         return call
