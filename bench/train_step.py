@@ -3,7 +3,7 @@
 Synthetic batches against the real DALI pipeline, and a hybridized network against an imperative one, side by
 side in one run.
 
-    .venv/bin/python bench/train_step.py [--rounds 5] [--steps 5] [--per-class 100] [--sweep | --dtypes]
+    .venv/bin/python bench/train_step.py [--rounds 5] [--steps 5] [--per-class 100] [--sweep | --dtypes [--unfused]]
                                          [rn50_mx.train flags, e.g. --dali-threads 1]
 
 The configuration is config/CPU.sh's (sourced: image shape, batch, classes, DALI threads, LARS, and
@@ -38,7 +38,8 @@ same dtype: the best of a few large matrix products (FullyConnected, oneDNN's in
 layers), timed once before the rounds. Measured 2026-11-27 at f3422b2 on the demo's 2 cores, quiet, 3 rounds x 10
 steps (ms/step): forward+backward 278.5 float32, 236.8 bfloat16 (x1.18); the whole step 344.8 and 437.8 (x0.79): the
 optimizer took 66 ms in float32 and 201 ms in bfloat16, whose update then ran unfused on float32 masters
-(optim.Masters); docs/bfloat16.md has the figures with the fused update (rn50_mx/fused_update).
+(optim.Masters); docs/bfloat16.md has the figures with the fused update (rn50_mx/fused_update). --unfused adds each
+dtype's step with MXNet's own optimizer kernels (the fused library left out), side by side with the others.
 
 Measured on 2 cores shared with two other trainings (MXNet 1.9.1, DALI 2.4; wall rates swing 25 % between
 rounds there): real/synthetic 0.99-1.12, the input taking 0.4 % of the CPU (DALI alone: ~17,000 images per
@@ -85,6 +86,8 @@ def parse_args(argv=None):
     parser.add_argument("--sweep", action="store_true", help="also compare thread settings in fresh processes")
     parser.add_argument("--dtypes", action="store_true", help="time float32 against bfloat16 instead: the step, and "
                                                               "forward+backward alone")
+    parser.add_argument("--unfused", action="store_true", help="with --dtypes: also each dtype's step with MXNet's "
+                                                               "own optimizer kernels instead of the fused update")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_known_args(argv)
 
@@ -144,6 +147,7 @@ def compare(s, args, modes, verbose):
                            on_round=show if verbose else None)
 
 
+UNFUSED = "step, MXNet's update"  # --unfused's contender (after its dtype)
 PEAK_SHAPE = (2048, 2048, 2048)  # the matrix product timed for the peak: M x K times (N x K)^T
 PEAK_TRIES = 5
 
@@ -225,15 +229,22 @@ def dtypes(s, args):
         # update=0: a step that ends no update, i.e. forward and backward without the optimizer
         runs[f"{dtype} forward+backward"] = (functools.partial(train.train_step, net, loss_fn, trainer, update=0),
                                              batches)
+        if args.unfused:
+            net, loss_fn, trainer = train.parts(low, ctx, data.steps_per_epoch(low, 1), dist.Single().trainer)
+            trainer._optimizer.use_fused(None)
+            runs[f"{dtype} {UNFUSED}"] = (functools.partial(train.train_step, net, loss_fn, trainer),
+                                          measure.batches(low, ctx, 1))
     m = measure.compare(runs, s.batch_size, args.rounds, args.steps)
     ms = {name: 1000 * s.batch_size / rate.images_per_s for name, rate in m.items()}
     for name, value in ms.items():
         gflops = m[name].images_per_s * training / 1e9
-        print(f"  {name:26s} {value:6.1f} ms/step  {m[name].images_per_s:6.1f} images/s  {gflops:6.1f} GFLOP/s "
+        print(f"  {name:30s} {value:6.1f} ms/step  {m[name].images_per_s:6.1f} images/s  {gflops:6.1f} GFLOP/s "
               f"({gflops / peaks[name.split()[0]]:4.0%} of the {name.split()[0]} peak)")
     for dtype in ("float32", "bfloat16"):
         optimizer = ms[f"{dtype} step"] - ms[f"{dtype} forward+backward"]
         print(f"  {dtype} optimizer (step - forward+backward): {optimizer:.1f} ms")
+        if args.unfused:
+            print(f"  {dtype} {UNFUSED} / step: x{ms[f'{dtype} {UNFUSED}'] / ms[f'{dtype} step']:.2f}")
     print(f"bfloat16/float32 speed: step x{ms['float32 step'] / ms['bfloat16 step']:.2f}, forward+backward "
           f"x{ms['float32 forward+backward'] / ms['bfloat16 forward+backward']:.2f}")
 
