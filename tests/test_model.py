@@ -15,7 +15,7 @@ from rn50_mx.config import Settings
 from tests.support import gpu_build
 from tests.support.bfloat16 import needs_bfloat16
 from tests.support.ngc_ops import NdarrayConvention, NormConvOps, Registry, TraceOps
-from tests.support.procs import run
+from tests.support import procs
 
 SMALL = Settings(num_classes=10, image_shape="3,32,32")
 NHWC = Settings().replace(device="gpu", input_layout="NHWC")
@@ -413,7 +413,7 @@ def test_the_bfloat16_stem_runs_onednns_jit_kernels():
     """Issue 51: in bfloat16 conv0 (3 input channels, padded to 4 inside the graph) runs oneDNN's jit convolution,
     whose blocked output keeps bn0 on the jit BatchNorm, not the gemm path and the generic plain-layout BatchNorm
     (ncsp_bnorm, 25 + 47 ms a step on one thread at the demo's shape); the parameter keeps its 3 channels."""
-    result = run([sys.executable, "-c", STEM_STEP], env={"DNNL_VERBOSE": "1", "OMP_NUM_THREADS": "1"})
+    result = procs.run([sys.executable, "-c", STEM_STEP], env={"DNNL_VERBOSE": "1", "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-2000:]
     executed = [line.split(",") for line in result.stdout.splitlines() if line.startswith("dnnl_verbose,exec")]
     conv0 = [f for f in executed if f[3] == "convolution" and f[5] == "forward_training" and "oc64_ih32" in f[-2]]
