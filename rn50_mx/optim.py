@@ -116,13 +116,13 @@ class Masters:
 
     def use_fused(self, kernel):
         """Update CPU tensors with `kernel` (a fused_update.Kernel), or with MXNet's kernels (None)."""
-        self.fused, self.settled = kernel, {}
+        self.fused, self.fused_groups = kernel, {}
 
     def __getstate__(self):
         """Pickled without the library (a handle of this process) and the arrays last updated; unpickled with the
         library again where it was on."""
         state = super().__getstate__()
-        state["fused"], state["settled"] = self.fused is not None, {}
+        state["fused"], state["fused_groups"] = self.fused is not None, {}
         return state
 
     def __setstate__(self, state):
@@ -164,19 +164,19 @@ class Masters:
             nd.amp_cast(master, dtype=BFLOAT16, out=w)
 
     def update_fused(self, index, weights, grads, states):
-        """The update of these tensors by `fused`, if it takes them (see fused_update.takes; no gradient clipping);
+        """The update of these tensors by `fused`, if it takes them (fused_update.prepared; no gradient clipping);
         False, having done nothing, if not."""
         low = weights[0].dtype == BFLOAT16
         if low and not self.multi_precision or self.clip_gradient:
             return False
         moms = [s[0] if low else s for s in states]
         masters = [s[1] if low else w for s, w in zip(states, weights)]
-        if not fused_update.takes(weights, grads, moms, masters):
+        sizes = fused_update.prepared(self.fused_groups, tuple(index), weights, grads, moms, masters)
+        if sizes is None:
             return False
         self._update_count(index)
         terms = self.fused_terms(index, weights)
-        fused_update.settle(self.settled, tuple(index), [*weights, *grads, *moms, *masters])
-        self.fused.update(*[[arrays[k] for k in terms.order] for arrays in (weights, grads, moms, masters)],
+        self.fused.update(*[[arrays[k] for k in terms.order] for arrays in (weights, grads, moms, masters, sizes)],
                           terms.lars, terms.lrs, terms.wds, terms.momenta, eta=terms.eta, eps=terms.eps,
                           rescale=self.fused.param_float(self.rescale_grad))
         return True

@@ -279,7 +279,7 @@ def test_the_optimizer_pickles_without_the_library_and_gets_it_back():
     opt = optim.make_optimizer(Settings(dtype="float32"), steps_per_epoch=2)
     assert opt.fused is built()
     back = pickle.loads(pickle.dumps(opt))
-    assert back.fused is built() and back.settled == {}
+    assert back.fused is built() and back.fused_groups == {}
     opt.use_fused(None)
     assert pickle.loads(pickle.dumps(opt)).fused is None
 

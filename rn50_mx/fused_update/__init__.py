@@ -13,8 +13,8 @@ plan to MXEnginePushSyncND (include/mxnet/c_api.h, MXNet 1.9.1) with the gradien
 weights, masters and momenta as those it writes: the engine runs it once their writers are done (the backward pass,
 Horovod's allreduce) and holds their readers (the next forward) until it is, as for any MXNet operator, then frees
 the plan. An array's address is read before the engine has run its writers, so it must already be allocated: MXNet
-allocates an operator's output when the operator runs, and `settle` waits for the arrays of a group the first time
-it sees them (the first update, new states); the learning rates and weight decays are host floats, not arrays made
+allocates an operator's output when the operator runs, and `prepared` waits for the arrays of a group the first
+time it sees them (the first update, new states); the learning rates and weight decays are host floats, not arrays made
 by an operator each step. MXNet's extension libraries (mx.library.load with the wheel's lib_api.h)
 would register a true operator, but lib_api.cc refuses every bfloat16 array ("Invalid dtype flag: 12 when
 constructing MXTensor", MXTensor::setDLTensor in 1.9.1): no way in for the arrays this exists for.
@@ -89,16 +89,18 @@ class Kernel:
         return np.asarray(floats, dtype=np.float32) * np.float32(self.lib.fused_update_param_double(
             str(float(value)).encode()))
 
-    def update(self, weights, grads, moms, masters, lars, lrs, wds, momenta, eta=0.0, eps=0.0, rescale=1.0):
-        """Push the update of these tensors (lists, one entry per tensor; masters are the weights in float32):
+    def update(self, weights, grads, moms, masters, sizes, lars, lrs, wds, momenta, eta=0.0, eps=0.0, rescale=1.0):
+        """Push the update of these tensors (lists, one entry per tensor, `sizes` their element counts; masters are the
+        weights in float32):
         mom = momentum*mom - lr*wd*w - lr*rescale*grad; w += mom, where a tensor with `lars` set takes
         LARS's lr (multi_lars with eta, eps). `lrs`, `wds`, `momenta`, eta, eps, rescale: the float32 values MXNet's
-        kernels would take (param_float, tuple_float, times_scalar). Every array allocated (`settle`). Does not wait.
+        kernels would take (param_float, tuple_float, times_scalar). Every array allocated (`prepared`). Does not
+        wait.
         """
         bf16 = weights[0].dtype == BFLOAT16
         addresses = [[address(a) for a in arrays] for arrays in (weights, grads, moms, masters)]
         plan = self.lib.fused_update_plan(
-            len(weights), bf16, self.isa, _pointers(ctypes.c_int64, [w.size for w in weights]),
+            len(weights), bf16, self.isa, _pointers(ctypes.c_int64, sizes),
             *[_pointers(ctypes.c_void_p, a) for a in addresses], _pointers(ctypes.c_ubyte, [bool(x) for x in lars]),
             *[_pointers(ctypes.c_float, values) for values in (lrs, wds, momenta)], eta, eps, rescale)
         if not plan:
@@ -174,12 +176,18 @@ def takes(weights, grads, moms, masters):
     return True
 
 
-def settle(seen, key, arrays):
-    """Wait once for the writers of `arrays` (the update of group `key`) when `seen` (a dict the caller keeps) holds
-    other arrays for it: a new array may not be allocated yet (see the module docstring). Later steps pass."""
+def prepared(seen, key, weights, grads, moms, masters):
+    """The sizes of these tensors (the update of group `key`) if `update` takes them, else None. `seen`, a dict the
+    caller keeps, holds the arrays each group last came with: new ones are checked (`takes`) and their writers waited
+    for once, as a new array may not be allocated yet (see the module docstring); a step with the same arrays, whose
+    types and shapes cannot have changed, passes at once (the checks are a few thousand calls into MXNet a step)."""
+    arrays = (*weights, *grads, *moms, *masters)
     known = seen.get(key)
-    if known is not None and len(known) == len(arrays) and all(a is b for a, b in zip(known, arrays)):
-        return
+    if known is not None and len(known[0]) == len(arrays) and all(a is b for a, b in zip(known[0], arrays)):
+        return known[1]
+    if not takes(weights, grads, moms, masters):
+        return None
     for a in arrays:
         a.wait_to_read()
-    seen[key] = tuple(arrays)
+    seen[key] = arrays, [w.size for w in weights]
+    return seen[key][1]
