@@ -94,7 +94,7 @@ $(SYSTEM_PACKAGES):
 # build serves every x86-64 CPU (AVX-512 and avx512_bf16 are chosen when it runs). Where it does not build, training
 # runs MXNet's kernels: one line here, one when training starts. Written under a temporary name, renamed when whole.
 FUSED_SRC := rn50_mx/fused_update/fused_update.cc
-FUSED_LIB := rn50_mx/fused_update/libfused_update.so
+FUSED_LIB := rn50_mx/fused_update/libfused_update.so.1
 FUSED_FLAGS := -O3 -std=c++17 -shared -fPIC -fopenmp -ffp-contract=off -Wall -Wno-maybe-uninitialized
 MXNET_INCLUDE = $(shell $(PY) -c 'import importlib.util, os; \
 	print(os.path.join(importlib.util.find_spec("mxnet").submodule_search_locations[0], "include"))' 2>/dev/null)

@@ -220,14 +220,14 @@ def test_where_the_library_is_missing_training_says_so_and_runs_mxnets_kernels(t
     cases = {"missing": "is not built", "garbage": "does not load", "other": "does not load",
              "stale": "was built from another fused_update.cc"}
     (tmp_path / "garbage").mkdir()
-    (tmp_path / "garbage" / "libfused_update.so").write_bytes(b"\x7fELF not really")
+    (tmp_path / "garbage" / "libfused_update.so.1").write_bytes(b"\x7fELF not really")
     (tmp_path / "other").mkdir()
-    shutil.copy(ctypes_library("libm.so.6"), tmp_path / "other" / "libfused_update.so")
+    shutil.copy(ctypes_library("libm.so.6"), tmp_path / "other" / "libfused_update.so.1")
     (tmp_path / "stale").mkdir()
-    shutil.copy(fused_update.LIBRARY, tmp_path / "stale" / "libfused_update.so")
+    shutil.copy(fused_update.LIBRARY, tmp_path / "stale" / "libfused_update.so.1")
     (tmp_path / "stale" / "fused_update.cc").write_text(open(fused_update.SOURCE).read() + "\n// changed\n")
     for case, why in cases.items():
-        monkeypatch.setattr(fused_update, "LIBRARY", str(tmp_path / case / "libfused_update.so"))
+        monkeypatch.setattr(fused_update, "LIBRARY", str(tmp_path / case / "libfused_update.so.1"))
         monkeypatch.setattr(fused_update, "SOURCE", str(tmp_path / case / "fused_update.cc") if case == "stale"
                             else fused_update.SOURCE)
         opt = optim.make_optimizer(Settings(dtype="float32"), steps_per_epoch=2)
@@ -261,8 +261,8 @@ def test_the_makefile_builds_it_from_a_clean_tree(tmp_path):
     for build in builds:
         out, err = build.communicate(timeout=300)
         assert build.returncode == 0, err
-    library = tree / "rn50_mx" / "fused_update" / "libfused_update.so"
-    assert sorted(os.listdir(library.parent)) == ["fused_update.cc", "libfused_update.so"]  # no temporary left
+    library = tree / "rn50_mx" / "fused_update" / "libfused_update.so.1"
+    assert sorted(os.listdir(library.parent)) == ["fused_update.cc", "libfused_update.so.1"]  # no temporary left
     kernel, why = fused_update.open_library(str(library), str(tree / "rn50_mx" / "fused_update" / "fused_update.cc"))
     assert why is None and kernel.best_isa >= fused_update.PORTABLE
     library.unlink()

@@ -37,7 +37,9 @@ from ..model import BFLOAT16
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(HERE, "fused_update.cc")
-LIBRARY = os.path.join(HERE, "libfused_update.so")
+# ".so.1": a shared library's versioned name, which Python's module finders do not take for an extension module (the
+# self-test imports every module of the package); 1 is the version of fused_update_plan's arguments.
+LIBRARY = os.path.join(HERE, "libfused_update.so.1")
 # fused_update_plan's instruction sets; 0 takes the best this CPU has.
 AUTO, PORTABLE, AVX512, AVX512_BF16 = 0, 1, 2, 3
 ISA_NAMES = {PORTABLE: "portable C", AVX512: "AVX-512", AVX512_BF16: "AVX-512 with avx512_bf16"}
