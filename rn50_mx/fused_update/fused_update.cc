@@ -62,12 +62,14 @@ inline float widen(uint16_t b) {
 }
 inline float widen(float f) { return f; }
 
+// Without branches, so that the compiler vectorizes the portable loop.
 inline uint16_t narrow(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // NaN: made quiet
-  if ((u & 0x7f800000u) == 0) return static_cast<uint16_t>((u >> 16) & 0x8000u);  // zero, subnormal: signed zero
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // nearest, ties to even
+  const uint32_t top = u >> 16;
+  const uint32_t nearest = (u + 0x7fffu + (top & 1u)) >> 16;  // ties to even
+  const uint32_t tiny = (u & 0x7f800000u) == 0 ? top & 0x8000u : nearest;  // zero, subnormal: signed zero
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? top | 0x40u : tiny);  // NaN: made quiet
 }
 
 // The learning rate of a LARS tensor (MultiLARSKernel, in its order of operations).
