@@ -215,10 +215,10 @@ def test_the_parsers_read_floats_as_mxnet_does():
 
 
 def test_where_the_library_is_missing_training_says_so_and_runs_mxnets_kernels(tmp_path, monkeypatch, capfd):
-    """A missing build, a file that is no library, a library that is not this one, a build of another source: each
-    one line on stderr, and the optimizer updates with MXNet's kernels."""
+    """A missing build, a file that is no library, a library that is not this one, a build of another source, a
+    source that does not read: each one line on stderr, and the optimizer updates with MXNet's kernels."""
     cases = {"missing": "is not built", "garbage": "does not load", "other": "does not load",
-             "stale": "was built from another fused_update.cc"}
+             "stale": "was built from another fused_update.cc", "unreadable": "does not read"}
     (tmp_path / "garbage").mkdir()
     (tmp_path / "garbage" / "libfused_update.so.1").write_bytes(b"\x7fELF not really")
     (tmp_path / "other").mkdir()
@@ -226,10 +226,13 @@ def test_where_the_library_is_missing_training_says_so_and_runs_mxnets_kernels(t
     (tmp_path / "stale").mkdir()
     shutil.copy(fused_update.LIBRARY, tmp_path / "stale" / "libfused_update.so.1")
     (tmp_path / "stale" / "fused_update.cc").write_text(open(fused_update.SOURCE).read() + "\n// changed\n")
+    (tmp_path / "unreadable" / "fused_update.cc").mkdir(parents=True)  # a folder where the source should be
+    shutil.copy(fused_update.LIBRARY, tmp_path / "unreadable" / "libfused_update.so.1")
+    source = fused_update.SOURCE
     for case, why in cases.items():
         monkeypatch.setattr(fused_update, "LIBRARY", str(tmp_path / case / "libfused_update.so.1"))
-        monkeypatch.setattr(fused_update, "SOURCE", str(tmp_path / case / "fused_update.cc") if case == "stale"
-                            else fused_update.SOURCE)
+        monkeypatch.setattr(fused_update, "SOURCE", str(tmp_path / case / "fused_update.cc")
+                            if case in ("stale", "unreadable") else source)
         opt = optim.make_optimizer(Settings(dtype="float32"), steps_per_epoch=2)
         lines = capfd.readouterr().err.splitlines()
         assert opt.fused is None and len(lines) == 1 and why in lines[0], (case, lines)

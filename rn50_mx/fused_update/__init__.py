@@ -12,10 +12,10 @@ oneDNN's layout back to the default one), lets the library copy them with the sc
 plan to MXEnginePushSyncND (include/mxnet/c_api.h, MXNet 1.9.1) with the gradients as the arrays it reads and the
 weights, masters and momenta as those it writes: the engine runs it once their writers are done (the backward pass,
 Horovod's allreduce) and holds their readers (the next forward) until it is, as for any MXNet operator, then frees
-the plan. An array's address is read before the engine has run its writers, so it must already be allocated: MXNet
-allocates an operator's output when the operator runs, and `prepared` waits for the arrays of a group the first
-time it sees them (the first update, new states); the learning rates and weight decays are host floats, not arrays made
-by an operator each step. MXNet's extension libraries (mx.library.load with the wheel's lib_api.h)
+the plan. An address is read before the engine has run the array's writers, so the array must be allocated by
+then: MXNet allocates an operator's output when the operator runs, so `prepared` waits for a group's arrays the
+first time it sees them (the first update, new states), and the learning rates and weight decays are host floats,
+not arrays an operator makes each step. MXNet's extension libraries (mx.library.load with the wheel's lib_api.h)
 would register a true operator, but lib_api.cc refuses every bfloat16 array ("Invalid dtype flag: 12 when
 constructing MXTensor", MXTensor::setDLTensor in 1.9.1): no way in for the arrays this exists for.
 
@@ -136,8 +136,13 @@ def open_library(path, source):
     except (OSError, AttributeError) as e:  # not a library, another architecture, a missing symbol
         return None, f"{path} does not load ({' '.join(str(e).split())[:200]})"
     built_from = kernel.lib.fused_update_source_sha().decode(errors="replace")
-    if os.path.exists(source) and built_from != sha256(source):
-        return None, f"{path} was built from another {os.path.basename(source)}"
+    try:
+        if built_from != sha256(source):
+            return None, f"{path} was built from another {os.path.basename(source)}"
+    except FileNotFoundError:  # installed without its source: nothing to compare
+        pass
+    except OSError as e:
+        return None, f"{path}: its source {source} does not read ({e.strerror})"
     return kernel, None
 
 
