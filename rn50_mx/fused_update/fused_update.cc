@@ -7,11 +7,13 @@
 //   multi_lars (src/operator/contrib/multi_lars-inl.h, MultiLARSKernel): the trust-ratio learning rate;
 //   preloaded_multi_sgd_mom_update / multi_sgd_mom_update (src/operator/contrib/preloaded_multi_sgd-inl.h:172,
 //     src/operator/optimizer_op-inl.h:225): mom = momentum*mom - lr*wd*w - lr*rescale*g; w = w + mom;
-//   amp_cast to bfloat16 (oneDNN's reorder, vcvtneps2bf16 where the CPU has it): nearest, ties to even; a NaN kept
-//     with its quiet bit set; a subnormal input becomes a zero of its sign.
+//   amp_cast to bfloat16 (oneDNN's reorder, vcvtneps2bf16 where the CPU has it; its C++ form is
+//     src/common/bfloat16.cpp:28-44 at MXNet 1.9.1's oneDNN 5818c40): nearest, ties to even; a NaN kept with its
+//     quiet bit set; a subnormal input becomes a zero of its sign (mshadow's bf16_t, which astype runs, truncates).
 // The library's floats are parsed as MXNet parses operator arguments (dmlc::stof for a float field, the stream
-// operator for a Tuple<float>'s items), and every expression keeps the kernels' order of operations: this file is
-// compiled with -ffp-contract=off (libmxnet.so's kernels have no fused multiply-add) and without -ffast-math.
+// operator for a Tuple<float>'s items, float(dmlc::stod) for _mul_scalar's scalar), and every expression keeps the
+// kernels' order of operations: this file is compiled with -ffp-contract=off (libmxnet.so's kernels have no fused
+// multiply-add) and without -ffast-math.
 #include <dmlc/strtonum.h>
 #include <immintrin.h>
 #include <omp.h>
@@ -124,6 +126,9 @@ TARGET_AVX512 inline __m256i narrow16(__m512 w) {
 
 TARGET_AVX512BF16 inline __m256i narrow16_native(__m512 w) { return (__m256i)_mm512_cvtneps_pbh(w); }
 
+// Compiled with avx512_bf16 allowed for both roundings: only kNative's branch asks for its instruction (the
+// compiler makes none from plain code: objdump finds vcvtneps2bf16 in update_avx512<uint16_t, true> alone), and
+// fused_update_plan picks kNative only where the CPU has it.
 template <typename W, bool kNative>
 TARGET_AVX512BF16 inline void update_avx512(const Plan& p, int t, float lr) {
   const int64_t n = p.sizes[t];
