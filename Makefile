@@ -1,6 +1,7 @@
 # make demo : create .venv (once), pack the embedded Fashion-MNIST default and train ResNet-50 on it to 75.9%.
 # make test : create .venv (once), run the whole test suite.
 # make image-cpu : the CPU image rn50-mx:cpu from ./Dockerfile, built by the engine DOCKER_HOST names (docs/container.md).
+# make fused-update : the optimizer's fused CPU update (rn50_mx/fused_update), which demo and test build first.
 # .venv holds the CPU stack (MXNet 1.9.1, DALI CPU operators, mlperf-logging) and Horovod compiled against that
 # MXNet with Gloo and with Debian's Open MPI (ranks that srun starts meet through MPI over PMIx, as the NGC image's
 # do). A second run reuses it; Horovod is rebuilt only if it is missing or its build flags changed.
@@ -42,7 +43,7 @@ HOROVOD_KEY := $(shell { { echo '$(HOROVOD_BUILD_ENV)'; grep -E '^(horovod|mxnet
 	sha256sum | cut -c1-16; } 2>/dev/null)
 HOROVOD_WHEEL_DIR := $(CACHE)/horovod-$(HOROVOD_KEY)
 
-.PHONY: venv test demo image-cpu cpu-base-key clean FORCE
+.PHONY: venv test demo image-cpu cpu-base-key clean fused-update FORCE
 
 venv: $(VENV)/.horovod $(SYSTEM_PACKAGES)
 
@@ -87,14 +88,35 @@ $(SYSTEM_PACKAGES):
 	@command -v apt-get >/dev/null || { echo "install the Debian packages $(DEBIAN_PACKAGES)"; exit 1; }
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEBIAN_PACKAGES)
 
-test: venv
+# The optimizer's update of CPU tensors in one pass each (rn50_mx/fused_update/__init__.py says how it runs): C++
+# with OpenMP against the MXNet wheel's headers (dmlc's number parser, so that its floats are MXNet's), compiled with
+# -ffp-contract=off, as libmxnet.so's kernels have no fused multiply-add and the update is theirs bit for bit. One
+# build serves every x86-64 CPU (AVX-512 and avx512_bf16 are chosen when it runs). Where it does not build, training
+# runs MXNet's kernels: one line here, one when training starts. Written under a temporary name, renamed when whole.
+FUSED_SRC := rn50_mx/fused_update/fused_update.cc
+FUSED_LIB := rn50_mx/fused_update/libfused_update.so.1
+FUSED_FLAGS := -O3 -std=c++17 -shared -fPIC -fopenmp -ffp-contract=off -Wall -Wno-maybe-uninitialized
+MXNET_INCLUDE = $(shell $(PY) -c 'import importlib.util, os; \
+	print(os.path.join(importlib.util.find_spec("mxnet").submodule_search_locations[0], "include"))' 2>/dev/null)
+
+fused-update: $(FUSED_LIB)
+
+# -Wno-maybe-uninitialized: GCC 12's own AVX-512 intrinsics headers trip it (GCC bug 105593).
+$(FUSED_LIB): $(FUSED_SRC) | $(VENV)/.base
+	@sha=$$(sha256sum $< | cut -c1-64) && tmp=$$(mktemp $@.tmp-XXXXXX) && \
+	  if $(CXX) $(FUSED_FLAGS) -DFUSED_UPDATE_SOURCE_SHA='"'$$sha'"' -isystem "$(MXNET_INCLUDE)" $< -o $$tmp; \
+	  then mv -f $$tmp $@ && echo "make: built $@"; \
+	  else rm -f $$tmp; echo "make: $@ did not build ($(CXX) with the MXNet headers in '$(MXNET_INCLUDE)'): \
+	training runs MXNet's unfused optimizer kernels" >&2; fi
+
+test: venv $(FUSED_LIB)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The demo runs exactly what a GPU user runs: config file -> run_with_docker.sh (bare machine: CONT unset)
 # -> run_and_time.sh -> python -m rn50_mx.train, then the timing tool and the MLPerf compliance checker.
 # Each line execs its command: make passes a SIGTERM on to its children only, so a shell in between would die
 # alone and leave the command running.
-demo: venv
+demo: venv $(FUSED_LIB)
 	source config/CPU.sh && exec $(PY) -m rn50_mx.prep_rec fashion-mnist $(DATA) $$FMNIST_ARGS
 	source config/CPU.sh && exec $(PY) -m rn50_mx.prep_rec verify $(DATA)/train --num-classes $$NUM_CLASSES
 	source config/CPU.sh && exec $(PY) -m rn50_mx.prep_rec verify $(DATA)/val --num-classes $$NUM_CLASSES
@@ -133,7 +155,7 @@ $(CPU_BASE_TAR): | $(HOROVOD_WHEEL_DIR) /usr/bin/mmdebstrap
 cpu-base-key:
 	@echo $(CPU_BASE_KEY)
 
-image-cpu: $(CPU_BASE_TAR) /usr/sbin/dockerd
+image-cpu: $(CPU_BASE_TAR) /usr/sbin/dockerd $(FUSED_LIB)
 	@$(DOCKER) version >/dev/null || { echo "make image-cpu: no Docker engine answers (DOCKER_HOST=$${DOCKER_HOST:-unset}): start dockerd first" >&2; exit 1; }
 	$(DOCKER) image inspect $(CPU_BASE) >/dev/null 2>&1 || \
 	  $(DOCKER) import $(CPU_BASE_ENV) $(CPU_BASE_TAR) $(CPU_BASE)
@@ -141,4 +163,4 @@ image-cpu: $(CPU_BASE_TAR) /usr/sbin/dockerd
 	  --build-arg EXPECT_GPU= -t $(CPU_IMAGE) .
 
 clean:
-	rm -rf $(VENV) data results build *.egg-info
+	rm -rf $(VENV) data results build *.egg-info $(FUSED_LIB)

@@ -13,7 +13,9 @@ setup(
     version="0.1.0",
     description="MXNet/Gluon reimplementation of the MLPerf Training v1.0 ResNet-50 submission",
     packages=find_packages(include=["rn50_mx", "rn50_mx.*"]),
-    package_data={"rn50_mx": ["exit_codes.sh"]},  # the exit codes, read by rn50_mx.exits and the launchers
+    # the exit codes, read by rn50_mx.exits and the launchers; the fused update's source and, where make built it,
+    # its library (a stale one is refused by the source's hash)
+    package_data={"rn50_mx": ["exit_codes.sh", "fused_update/fused_update.cc", "fused_update/libfused_update.so.1"]},
     python_requires=">=3.10",
     install_requires=[
         # MXNet 1.9.1 still uses np.bool/np.int/np.object, which numpy 1.24 removed.

@@ -15,7 +15,11 @@ median of the rounds' own ratios (each round's contenders run back to back): the
 quarter within minutes here (345 to 440 images/s for one tree in one run), which the medians of all epochs feel and
 the paired ratios do not.
 
-Figures: docs/faithful-to-the-submission.md.
+A tree with the fused optimizer update (rn50_mx/fused_update) has its library built first by its own Makefile
+against this checkout's .venv (`make fused-update`; nothing when it is up to date): an exported tree holds the
+source only, and without the library a run would fall back to MXNet's kernels.
+
+Figures: docs/faithful-to-the-submission.md, docs/bfloat16.md.
 """
 import argparse
 import os
@@ -42,6 +46,16 @@ def export(commit, dest):
     with tarfile.open(archive) as tar:
         tar.extractall(tree, filter="data")
     return tree
+
+
+def build_fused_update(tree):
+    """The tree's fused-update library, built by its Makefile with this checkout's .venv (whose .base stamp is not
+    remade: -o), where the tree has that source; make's own line says when it does not build."""
+    if not os.path.exists(os.path.join(tree, "rn50_mx", "fused_update", "fused_update.cc")):
+        return
+    venv = os.path.join(ROOT, ".venv")
+    subprocess.run(["make", "--no-print-directory", "-C", tree, f"VENV={venv}", "-o", f"{venv}/.base",
+                    "fused-update"], check=True, stdout=subprocess.DEVNULL)
 
 
 def demo_data(folder):
@@ -82,6 +96,8 @@ def main():
         trees = {new: export(args.new, os.path.join(tmp, "new")) if args.new else ROOT}
         trees.update((c, export(c, os.path.join(tmp, str(i)))) for i, c in enumerate(args.commits))
         names = list(trees)
+        for tree in trees.values():
+            build_fused_update(tree)
         for r in range(args.rounds):
             for name in names if r % 2 == 0 else names[::-1]:
                 epochs = train(trees[name], folder, args.epochs, flags)

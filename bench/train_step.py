@@ -3,7 +3,7 @@
 Synthetic batches against the real DALI pipeline, and a hybridized network against an imperative one, side by
 side in one run.
 
-    .venv/bin/python bench/train_step.py [--rounds 5] [--steps 5] [--per-class 100] [--sweep | --dtypes]
+    .venv/bin/python bench/train_step.py [--rounds 5] [--steps 5] [--per-class 100] [--sweep | --dtypes [--unfused]]
                                          [rn50_mx.train flags, e.g. --dali-threads 1]
 
 The configuration is config/CPU.sh's (sourced: image shape, batch, classes, DALI threads, LARS, and
@@ -31,9 +31,15 @@ Last line: real/synthetic and hybridized/imperative, each for both of the other'
 
 --dtypes instead times float32 against bfloat16 (a CPU with avx512_bf16 or amx_bf16) on synthetic batches and the
 hybridized network: the whole step, and forward and backward alone (the step without the optimizer), so that the
-optimizer's share is their difference. Measured 2026-11-27 on the demo's 2 cores, quiet, 3 rounds x 10 steps
-(ms/step): forward+backward 278.5 float32, 236.8 bfloat16 (x1.18); the whole step 344.8 and 437.8 (x0.79): the
-optimizer took 66 ms in float32 and 201 ms in bfloat16, whose update runs unfused on float32 masters (optim.Masters).
+optimizer's share is their difference. Beside images/s it gives the arithmetic rate, GFLOP/s (the convolutions' and
+the dense layer's multiply-adds x 2, counted on the network: forward, the weight gradients and the data gradients
+but the first convolution's, whose input needs none), and that rate as a share of this CPU's measured peak in the
+same dtype: the best of a few large matrix products (FullyConnected, oneDNN's inner product, as the network's
+layers), timed once before the rounds. Measured 2026-11-27 at f3422b2 on the demo's 2 cores, quiet, 3 rounds x 10
+steps (ms/step): forward+backward 278.5 float32, 236.8 bfloat16 (x1.18); the whole step 344.8 and 437.8 (x0.79): the
+optimizer took 66 ms in float32 and 201 ms in bfloat16, whose update then ran unfused on float32 masters
+(optim.Masters); docs/bfloat16.md has the figures with the fused update (rn50_mx/fused_update). --unfused adds each
+dtype's step with MXNet's own optimizer kernels (the fused library left out), side by side with the others.
 
 Measured on 2 cores shared with two other trainings (MXNet 1.9.1, DALI 2.4; wall rates swing 25 % between
 rounds there): real/synthetic 0.99-1.12, the input taking 0.4 % of the CPU (DALI alone: ~17,000 images per
@@ -47,6 +53,9 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
+
+import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from rn50_mx import config, measure  # noqa: E402  (measure loads MXNet only when it builds something)
@@ -77,6 +86,8 @@ def parse_args(argv=None):
     parser.add_argument("--sweep", action="store_true", help="also compare thread settings in fresh processes")
     parser.add_argument("--dtypes", action="store_true", help="time float32 against bfloat16 instead: the step, and "
                                                               "forward+backward alone")
+    parser.add_argument("--unfused", action="store_true", help="with --dtypes: also each dtype's step with MXNet's "
+                                                               "own optimizer kernels instead of the fused update")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_known_args(argv)
 
@@ -136,15 +147,79 @@ def compare(s, args, modes, verbose):
                            on_round=show if verbose else None)
 
 
+UNFUSED = "step, MXNet's update"  # --unfused's contender (after its dtype)
+PEAK_SHAPE = (2048, 2048, 2048)  # the matrix product timed for the peak: M x K times (N x K)^T
+PEAK_TRIES = 5
+
+
+def peak_gflops(dtype, ctx, shape=PEAK_SHAPE, tries=PEAK_TRIES):
+    """GFLOP/s of the best of `tries` matrix products of `shape` in `dtype`: FullyConnected (oneDNN's inner product,
+    which runs the network's dense layer and computes as its convolutions do), the first one untimed."""
+    import mxnet as mx
+
+    from rn50_mx.model import mx_dtype
+
+    m, k, n = shape
+    x = mx.nd.random.uniform(shape=(m, k), ctx=ctx).astype(mx_dtype(dtype))
+    w = mx.nd.random.uniform(shape=(n, k), ctx=ctx).astype(mx_dtype(dtype))
+    best = float("inf")
+    for t in range(tries + 1):
+        mx.nd.waitall()
+        tic = time.perf_counter()
+        mx.nd.FullyConnected(x, w, num_hidden=n, no_bias=True).wait_to_read()
+        best = min(best, time.perf_counter() - tic) if t else best
+    return 2 * m * n * k / best / 1e9
+
+
+def step_flops(s):
+    """(forward, training step) FLOPs per image of the network of `s`: 2 x the multiply-adds of its convolutions and
+    dense layer, the step adding the weight gradients (as many) and the data gradients (as many, but the first
+    convolution's: its input takes none). Counted on one image through an imperative float32 copy."""
+    import mxnet as mx
+    from mxnet.gluon import nn
+
+    from rn50_mx import model
+
+    net = model.build_model(s.replace(dtype="float32"))
+    macs = []
+
+    def count(block, _, out):
+        weight = block.weight.shape
+        per_output = int(np.prod(weight[1:]))  # (out, in/groups, kh, kw) or (units, in_units)
+        macs.append(per_output * int(np.prod(out.shape[1:])))
+
+    for block in blocks_of(net, (nn.Conv2D, nn.Dense)):
+        block.register_forward_hook(count)
+    net(mx.nd.zeros((1, *s.image_chw), dtype="float32"))
+    forward = 2 * sum(macs)
+    return forward, 3 * forward - 2 * macs[0]
+
+
+def blocks_of(block, kinds):
+    """Every block under `block` (itself included) that is one of `kinds`, in registration order."""
+    found = [block] if isinstance(block, kinds) else []
+    for child in block._children.values():
+        found += blocks_of(child, kinds)
+    return found
+
+
 def dtypes(s, args):
-    """float32 against bfloat16 on synthetic batches: the step and forward+backward, ms per step and the ratios."""
+    """float32 against bfloat16 on synthetic batches: the step and forward+backward, ms per step, GFLOP/s against
+    the measured peak, and the ratios."""
     import functools
 
     import mxnet as mx
 
-    from rn50_mx import data, dist, train
+    from rn50_mx import data, dist, fused_update, train
 
     runs, ctx = {}, mx.cpu()
+    kernel = fused_update.load()
+    print(f"optimizer update: {'fused, ' + fused_update.ISA_NAMES[kernel.best_isa] if kernel else 'MXNet kernels'}")
+    peaks = {dtype: peak_gflops(dtype, ctx) for dtype in ("float32", "bfloat16")}
+    forward, training = step_flops(s)
+    print(f"peak (FullyConnected {'x'.join(map(str, PEAK_SHAPE))}, best of {PEAK_TRIES}): float32 "
+          f"{peaks['float32']:.0f} GFLOP/s, bfloat16 {peaks['bfloat16']:.0f} GFLOP/s; the network: {forward / 1e6:.1f} "
+          f"MFLOP forward, {training / 1e6:.1f} MFLOP a training step per image")
     for dtype in ("float32", "bfloat16"):
         low = s.replace(dtype=dtype, synthetic=True)
         config.validate(low)  # bfloat16 on a CPU without its instructions: config's one line
@@ -154,13 +229,22 @@ def dtypes(s, args):
         # update=0: a step that ends no update, i.e. forward and backward without the optimizer
         runs[f"{dtype} forward+backward"] = (functools.partial(train.train_step, net, loss_fn, trainer, update=0),
                                              batches)
+        if args.unfused:
+            net, loss_fn, trainer = train.parts(low, ctx, data.steps_per_epoch(low, 1), dist.Single().trainer)
+            trainer._optimizer.use_fused(None)
+            runs[f"{dtype} {UNFUSED}"] = (functools.partial(train.train_step, net, loss_fn, trainer),
+                                          measure.batches(low, ctx, 1))
     m = measure.compare(runs, s.batch_size, args.rounds, args.steps)
     ms = {name: 1000 * s.batch_size / rate.images_per_s for name, rate in m.items()}
     for name, value in ms.items():
-        print(f"  {name:26s} {value:6.1f} ms/step  {m[name].images_per_s:6.1f} images/s")
+        gflops = m[name].images_per_s * training / 1e9
+        print(f"  {name:30s} {value:6.1f} ms/step  {m[name].images_per_s:6.1f} images/s  {gflops:6.1f} GFLOP/s "
+              f"({gflops / peaks[name.split()[0]]:4.0%} of the {name.split()[0]} peak)")
     for dtype in ("float32", "bfloat16"):
         optimizer = ms[f"{dtype} step"] - ms[f"{dtype} forward+backward"]
         print(f"  {dtype} optimizer (step - forward+backward): {optimizer:.1f} ms")
+        if args.unfused:
+            print(f"  {dtype} {UNFUSED} / step: x{ms[f'{dtype} {UNFUSED}'] / ms[f'{dtype} step']:.2f}")
     print(f"bfloat16/float32 speed: step x{ms['float32 step'] / ms['bfloat16 step']:.2f}, forward+backward "
           f"x{ms['float32 forward+backward'] / ms['bfloat16 forward+backward']:.2f}")
 

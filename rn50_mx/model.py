@@ -104,11 +104,12 @@ class Layout:
     wiring: str = "stats-fl"
     ops: object = None
 
-    def conv(self, channels, kernel, stride, padding, in_channels, prefix):
-        """Convolution without bias, He-normal on fan-in = in*kh*kw (train_imagenet.py, MLPerfInit), not truncated."""
-        return nn.Conv2D(channels, kernel, strides=stride, padding=padding, in_channels=in_channels,
-                         layout=self.name, use_bias=False, prefix=prefix,
-                         weight_initializer=mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2))
+    def conv(self, channels, kernel, stride, padding, in_channels, prefix, block=nn.Conv2D):
+        """Convolution without bias, He-normal on fan-in = in*kh*kw (train_imagenet.py, MLPerfInit), not truncated;
+        `block` is nn.Conv2D or a subclass (StemConv)."""
+        return block(channels, kernel, strides=stride, padding=padding, in_channels=in_channels, layout=self.name,
+                     use_bias=False, prefix=prefix,
+                     weight_initializer=mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2))
 
     def batchnorm(self, channels, prefix, zero_gamma=False, then=None):
         """BatchNorm over the channel axis; gamma 1 (or 0), beta 0, running mean 0, running var 1.
@@ -124,6 +125,27 @@ class Layout:
 
     def global_avg_pool(self, prefix):
         return nn.GlobalAvgPool2D(layout=self.name, prefix=prefix)
+
+
+class StemConv(nn.Conv2D):
+    """The first convolution, conv0. In bfloat16 (the CPU's, NCHW) an odd number of input channels, RGB's 3, gets one
+    zero channel more on the images and on the weight, inside the graph: the parameter keeps its shape and its
+    gradient (the padding's is dropped), the convolution adds zero terms only. oneDNN 2.4's bfloat16 jit convolution
+    takes a first layer's input channels in pairs (its weights' OhwI16o2i format; src/cpu/x64/
+    jit_avx512_core_bf16_conv_kernel.cpp at MXNet 1.9.1's oneDNN 5818c40), so with 3 the convolution runs oneDNN's
+    gemm path, whose plain-layout output sends bn0 to oneDNN's generic plain-layout BatchNorm (ncsp_bnorm:any): at
+    the demo's shape one thread took 25 + 47 ms a step in bn0's forward and backward there against about 1 + 1.5 in
+    float32's blocked layout (DNNL_VERBOSE, docs/bfloat16.md). With 4 channels conv0 runs the jit kernel and its
+    blocked output keeps bn0 and pool0 on their jit kernels. `even_channels` is set by ResNet50V15.cast."""
+
+    even_channels = False
+
+    def hybrid_forward(self, F, x, weight, bias=None):
+        if self.even_channels:
+            x = F.concat(x, F.zeros_like(F.slice_axis(x, axis=1, begin=0, end=1)), dim=1)
+            zeros = F.zeros(shape=(self._channels, 1, *self._kwargs["kernel"]), dtype=BFLOAT16)
+            weight = F.concat(weight, zeros, dim=1)
+        return super().hybrid_forward(F, x, weight, bias)
 
 
 class BatchNorm(nn.BatchNorm):
@@ -306,7 +328,7 @@ class ResNet50V15(gluon.HybridBlock):
 
     def __init__(self, layout, num_classes, in_channels, zero_gamma=False, image_hw=(224, 224)):
         super().__init__(prefix="")
-        self.conv0 = layout.conv(STEM_CHANNELS, 7, 2, 3, in_channels, "conv0_")
+        self.conv0 = layout.conv(STEM_CHANNELS, 7, 2, 3, in_channels, "conv0_", block=StemConv)
         self.bn0 = layout.batchnorm(STEM_CHANNELS, "bn0_", then="relu")
         self.pool0 = layout.max_pool("pool0_")
         self.stages = nn.HybridSequential(prefix="")
@@ -327,6 +349,8 @@ class ResNet50V15(gluon.HybridBlock):
         operator of the traced graph casts them: one cast per batch, on the device."""
         super().cast(dtype)
         self.image_cast = BFLOAT16 if np.dtype(dtype) == BFLOAT16 else None
+        self.conv0.even_channels = (self.image_cast is not None and self.conv0._in_channels % 2 == 1
+                                    and self.conv0._kwargs["layout"] == "NCHW")
 
     def hybrid_forward(self, F, x):
         if self.image_cast is not None:

@@ -9,13 +9,14 @@ gradient of the mean loss over the global batch, as the reference's sum x 1/3264
 update's m steps add their gradients up and `trainer.step(m x local_batch_size)` divides by the update's images.
 """
 import functools
+import typing
 import warnings
 
 import mxnet as mx
 import numpy as np
 from mxnet import gluon, nd
 
-from . import standin
+from . import fused_update, standin
 from .model import BFLOAT16, is_layer_weight, is_low_precision, split_params
 from .updates import Updates
 
@@ -105,7 +106,28 @@ class Masters:
     So a bfloat16 tensor takes the float32 update on its master, with its gradient cast to float32, and the weight is
     the master rounded to bfloat16 afterwards: the float16 kernels' arithmetic in float32, and the same rounding of
     the result into the weight (MXNet's Optimizer.update_multi_precision does so for float16, python/mxnet/optimizer/
-    optimizer.py:298). A subclass names its update through MXNet's kernels `update_kernels`."""
+    optimizer.py:298). A subclass names its update through MXNet's kernels `update_kernels`.
+
+    On the CPU, float32 and bfloat16 tensors are updated by `fused` instead where the library is built (make_optimizer
+    sets it): one pass per tensor computing what the path above computes, bit for bit (rn50_mx/fused_update). A
+    subclass gives it its learning rates, weight decays and momenta in `fused_terms`."""
+
+    fused = None  # fused_update.Kernel, or None: MXNet's kernels (use_fused sets it)
+
+    def use_fused(self, kernel):
+        """Update CPU tensors with `kernel` (a fused_update.Kernel), or with MXNet's kernels (None)."""
+        self.fused, self.fused_groups = kernel, {}
+
+    def __getstate__(self):
+        """Pickled without the library (a handle of this process) and the arrays last updated; unpickled with the
+        library again where it was on."""
+        state = super().__getstate__()
+        state["fused"], state["fused_groups"] = self.fused is not None, {}
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self.fused = fused_update.load() if self.fused else None
 
     def create_state_multi_precision(self, index, weight):
         """(momentum, master) for a low-precision weight under multi_precision, else the momentum. A bfloat16 master
@@ -123,6 +145,9 @@ class Masters:
 
     def update_multi_precision(self, index, weight, grad, state):
         listed = isinstance(index, (tuple, list))
+        if self.fused is not None and self.update_fused(*((index, weight, grad, state) if listed else
+                                                            ([index], [weight], [grad], [state]))):
+            return
         if not (self.multi_precision and (weight[0] if listed else weight).dtype == BFLOAT16):
             return self.update_kernels(index, weight, grad, state)
         weights, grads, states = (weight, grad, state) if listed else ([weight], [grad], [state])
@@ -137,6 +162,37 @@ class Masters:
         self.update(index, given(masters), given(wide), given([s[0] for s in states]))
         for master, w in zip(masters, weights):
             nd.amp_cast(master, dtype=BFLOAT16, out=w)
+
+    def update_fused(self, index, weights, grads, states):
+        """The update of these tensors by `fused`, if it takes them (fused_update.prepared; no gradient clipping);
+        False, having done nothing, if not."""
+        low = weights[0].dtype == BFLOAT16
+        if low and not self.multi_precision or self.clip_gradient:
+            return False
+        moms = [s[0] if low else s for s in states]
+        masters = [s[1] if low else w for s, w in zip(states, weights)]
+        sizes = fused_update.prepared(self.fused_groups, tuple(index), weights, grads, moms, masters)
+        if sizes is None:
+            return False
+        self._update_count(index)
+        terms = self.fused_terms(index, weights)
+        self.fused.update(*[[arrays[k] for k in terms.order] for arrays in (weights, grads, moms, masters, sizes)],
+                          terms.lars, terms.lrs, terms.wds, terms.momenta, eta=terms.eta, eps=terms.eps,
+                          rescale=self.fused.param_float(self.rescale_grad))
+        return True
+
+
+class Terms(typing.NamedTuple):
+    """A fused update's terms beside the arrays (see fused_update.Kernel.update), each float as MXNet's kernels read
+    it: the tensors' order, and in it whether each takes LARS's trust ratio, its learning rate, weight decay and
+    momentum; LARS's eta and eps."""
+    order: list
+    lars: list
+    lrs: list
+    wds: list
+    momenta: list
+    eta: float = 0.0
+    eps: float = 0.0
 
 
 class LARS(Masters, mx.optimizer.Optimizer):
@@ -206,6 +262,15 @@ class LARS(Masters, mx.optimizer.Optimizer):
             self.groups[key] = Group(index, weight, mults, self._get_wds(index))
         return self.groups[key]
 
+    def fused_terms(self, index, weight):
+        """The Terms of these tensors' update by `fused`: those update_kernels gives MXNet's kernels."""
+        g, f = self.group(index, weight), self.fused
+        n, count = g.n_lars, len(g.order)
+        layer, others = f.param_float(self.layer_momentum()), f.param_float(self.momentum_of(self.num_update))
+        lrs = f.times_scalar(g.lr_mults_host, self.lr_of(self.num_update))  # as `g.lr_mults * lr` below
+        return Terms(g.order, [k < n for k in range(count)], lrs, g.wds_host, [layer] * n + [others] * (count - n),
+                     f.param_float(self.eta), f.param_float(self.eps))
+
     def update_kernels(self, index, weight, grad, state):
         """Update one tensor or a list of tensors of one dtype (gluon's Updater groups them so); bfloat16 ones come
         here as their float32 masters (Masters). At most aggregate_num tensors a kernel call: stock MXNet's Updater
@@ -251,8 +316,10 @@ nd.array([lr]) made it) and weight decays (float32), made once."""
         self.order = sorted(range(len(index)), key=lambda k: not is_layer_weight(weight[k].shape))
         self.n_lars = sum(is_layer_weight(w.shape) for w in weight)
         ctx = weight[0].context
-        self.lr_mults = nd.array([lr_mults[k] for k in self.order], ctx=ctx, dtype="float32")
-        self.wds = nd.array([wds[k] for k in self.order], ctx=ctx, dtype="float32")
+        self.lr_mults_host = np.array([lr_mults[k] for k in self.order], dtype=np.float32)
+        self.wds_host = np.array([wds[k] for k in self.order], dtype=np.float32)
+        self.lr_mults = nd.array(self.lr_mults_host, ctx=ctx, dtype="float32")
+        self.wds = nd.array(self.wds_host, ctx=ctx, dtype="float32")
 
 
 def grad_sq_sum(grads):
@@ -276,6 +343,12 @@ class SGD(Masters, mx.optimizer.SGD):
 
     update_kernels = mx.optimizer.SGD.update_multi_precision
 
+    def fused_terms(self, index, weight):
+        """The Terms of these tensors' update by `fused`: those _update_impl gives multi_sgd_mom_update."""
+        f, count = self.fused, len(index)
+        return Terms(list(range(count)), [False] * count, [f.tuple_float(lr) for lr in self._get_lrs(index)],
+                     [f.tuple_float(wd) for wd in self._get_wds(index)], [f.param_float(self.momentum)] * count)
+
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # replacing MXNet's own `lars` is intended; MXNet warns about it
@@ -285,7 +358,7 @@ mx.optimizer.register(SGDwFastLARS)
 
 def make_optimizer(settings, steps_per_epoch):
     """LARS or momentum SGD on the warmup + poly(2) schedule; fp32 master weights when training in float16 or
-    bfloat16."""
+    bfloat16; on the CPU the fused update where its library is built (Masters)."""
     common = dict(momentum=settings.mom, wd=settings.wd, lr_scheduler=schedule(settings, steps_per_epoch),
                   multi_precision=settings.dtype != "float32")
     if settings.is_lars:
@@ -301,6 +374,8 @@ def make_optimizer(settings, steps_per_epoch):
     # Tensors per multi-tensor update call. MXNet's own optimizers read MXNET_OPTIMIZER_AGGREGATION_SIZE from the
     # environment themselves; config.py reads it for every optimizer here, so the value in force is the one shown.
     optimizer.aggregate_num = settings.optimizer_aggregation_size
+    if settings.device == "cpu":
+        optimizer.use_fused(fused_update.load())
     return optimizer
 
 

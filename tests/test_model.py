@@ -1,8 +1,9 @@
 """ResNet-50 v1.5: size, names, parameter roles, initialisation, precision, hybridisation, and layouts."""
 import dataclasses
 import functools
-import re
 import json
+import re
+import sys
 
 import mxnet as mx
 import numpy as np
@@ -12,7 +13,8 @@ from mxnet.gluon import nn
 
 from rn50_mx import model
 from rn50_mx.config import Settings
-from tests.support import bad_values, gpu_build
+from tests.support import bad_values, gpu_build, procs
+from tests.support.bfloat16 import needs_bfloat16
 from tests.support.ngc_ops import NdarrayConvention, NormConvOps, Registry, TraceOps
 
 SMALL = Settings(num_classes=10, image_shape="3,32,32")
@@ -603,3 +605,55 @@ def test_the_wiring_is_a_setting_checked_like_the_others():
         message = str(refused.value)
         assert message.startswith(words) and "\n" not in message, message
     assert config.FIELDS["normconv_wiring"].metadata["choices"] == model.WIRINGS
+
+
+STEM_STEP = """
+import mxnet as mx
+from rn50_mx import model
+from rn50_mx.config import Settings
+net = model.build_model(Settings(num_classes=10, image_shape="3,32,32", dtype="bfloat16"))
+net.hybridize(static_alloc=True, static_shape=True)
+x = mx.nd.random.uniform(shape=(8, 3, 32, 32))
+with mx.autograd.record():
+    y = net(x)
+y.backward()
+mx.nd.waitall()
+print("GRAD", net.conv0.weight.grad().shape)
+"""
+
+
+@needs_bfloat16
+def test_the_bfloat16_stem_runs_onednns_jit_kernels():
+    """Issue 51: in bfloat16 conv0 (3 input channels, padded to 4 inside the graph) runs oneDNN's jit convolution,
+    whose blocked output keeps bn0 on the jit BatchNorm, not the gemm path and the generic plain-layout BatchNorm
+    (ncsp_bnorm, 25 + 47 ms a step on one thread at the demo's shape); the parameter keeps its 3 channels."""
+    result = procs.run([sys.executable, "-c", STEM_STEP], env={"DNNL_VERBOSE": "1", "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    executed = [line.split(",") for line in result.stdout.splitlines() if line.startswith("dnnl_verbose,exec")]
+    conv0 = [f for f in executed if f[3] == "convolution" and f[5] == "forward_training" and "oc64_ih32" in f[-2]]
+    assert conv0 and all(f[4].startswith("jit") and "_ic4oc64_" in f[-2] for f in conv0), conv0
+    assert not [f for f in executed if f[3] == "batch_normalization" and not f[4].startswith("bnorm_jit")]
+    assert "GRAD (64, 3, 7, 7)" in result.stdout
+
+
+@needs_bfloat16
+def test_the_padded_stem_computes_the_three_channel_convolution():
+    """conv0 with its zero channel and without, on the same bfloat16 weights and images: the same outputs and
+    weight gradients up to bfloat16's rounding (the two oneDNN kernels sum in other orders)."""
+    outs = {}
+    for even in (True, False):
+        mx.random.seed(3)
+        conv = model.Layout().conv(64, 7, 2, 3, 3, "conv0_", block=model.StemConv)
+        conv.initialize()
+        conv.cast(model.BFLOAT16)
+        conv.even_channels = even
+        x = nd.random.uniform(shape=(4, 3, 32, 32)).astype(model.BFLOAT16)
+        with autograd.record():
+            y = conv(x)
+        y.backward(nd.ones_like(y))
+        outs[even] = [nd.amp_cast(a, dtype="float32").asnumpy() for a in (y, conv.weight.grad())]  # astype fails
+        # on an array in oneDNN's blocked layout (the padded convolution's output): "The size of NDArray doesn't
+        # match the requested MKLDNN memory desc"
+    for padded, plain in zip(outs[True], outs[False]):
+        np.testing.assert_allclose(padded, plain, rtol=2e-2, atol=1e-2)
+    assert outs[True][1].shape == (64, 3, 7, 7)
