@@ -607,7 +607,8 @@ def test_a_later_search_leaves_a_group_that_is_not_the_run_s_alone(tiny_data, tm
         assert result.stdout.splitlines()[:2] == [
             f"search: process group {pgid} is not provably the recorded run's (its leader started at another time, "
             f"or none of its processes names {tmp_path / 'res' / 'CPU.trials' / '0001'}): left alone",
-            "search: trial 1 was running when the last driver stopped: its processes ended, queued again"]
+            "search: trial 1 was running when the last driver stopped: its recorded process group was left alone "
+            "(above), queued again"]  # issue 49: it said "its processes ended" of the group it had just left
         assert psutil.pid_exists(member) and psutil.Process(member).status() != psutil.STATUS_ZOMBIE
     finally:
         os.killpg(pgid, signal.SIGKILL)
