@@ -411,7 +411,8 @@ os.kill(os.getpid(), 9)
         assert time.time() < deadline, "the run outlived the driver that never kept its record"
         time.sleep(0.1)
     assert not ran.exists()
-    assert (tmp_path / "killed.out").read_text() == ("not started: the search driver that launched it ended before "
+    assert (tmp_path / "killed.out").read_text() == (f"sh -c 'touch {ran}; sleep 60'\n"  # its command, first
+                                                     "not started: the search driver that launched it ended before "
                                                      "keeping its record\n")
 
     from rn50_mx.search import launchers

@@ -292,8 +292,9 @@ def refuse_ended(folder):
     except InputError as err:
         raise InputError(f"--checkpoint-dir {folder}: {err}, where a run marks its end; give another folder (or "
                          "remove it)") from None
-    raise InputError(f"--checkpoint-dir {folder}: the run there has ended ({said or 'an empty ' + FINISHED + ' mark'}); "
-                     "give another folder (python -m rn50_mx.evaluate --checkpoint-dir reads it)")
+    said = said or f"an empty {FINISHED} mark"
+    raise InputError(f"--checkpoint-dir {folder}: the run there has ended ({said}); give another folder (python -m "
+                     "rn50_mx.evaluate --checkpoint-dir reads it)")
 
 
 def resume_problem(folder, s, d):

@@ -55,8 +55,9 @@ class Record:
         """Whether `run`, read back from the study, is what started() writes: values of every knob, each in its range;
         the folder it names is scored, so it must be PARENT/N/SET, N digits and SET the run's set, and lie there
         really (no '..', no planted link)."""
-        if not (isinstance(run, dict) and set(run) == self.KEYS and space.point_problem(run["params"], self.knobs) is None
-                and set(run["params"]) == {k.env for k in self.knobs} and isinstance(run["set"], str)
+        if not (isinstance(run, dict) and set(run) == self.KEYS and isinstance(run["set"], str)
+                and space.point_problem(run["params"], self.knobs) is None
+                and set(run["params"]) == {k.env for k in self.knobs}
                 and launchers.is_count(run["seed"], 0) and run["launcher"] in launchers.KINDS
                 and isinstance(run["ended"], bool) and isinstance(run["folder"], str)):
             return False

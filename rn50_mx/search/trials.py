@@ -73,9 +73,10 @@ def log_problem(log, s):
     for line in lines:
         first.setdefault(line.key, line.value.get("value"))
     expected = [("seed", s.seed), *mlperf_log.hyperparameter_events(s), *config.open_levers(s).items()]
-    wrong = next(((key, value) for key, value in expected if first.get(key, "none") != value), None)
+    wrong = next(((key, value) for key, value in expected if key not in first or first[key] != value), None)
     if wrong:
-        return f"its {wrong[0]} is {first.get(wrong[0], 'not logged')!r}, the run's {wrong[1]!r}"
+        key, value = wrong
+        return f"{f'its {key} is {first[key]!r}' if key in first else f'it logs no {key}'}, the run's {value!r}"
     scheduled = {epoch + 1 for epoch in eval_epochs(s)}
     evaluated = [(line.value["metadata"] or {}).get("epoch_num") for line in lines if line.key == "eval_accuracy"]
     off = [epoch for epoch in evaluated if epoch not in scheduled]
