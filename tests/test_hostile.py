@@ -448,6 +448,7 @@ def open_tmp():
     shutil.rmtree(folder)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs as another user: needs root")
 def test_an_unreadable_rank_file_refuses_its_checkpoint_and_the_previous_one_is_used(stopped_checkpoints, open_tmp,
                                                                                      capsys):
     """Class 5: a rank0.json the user cannot read was a PermissionError traceback; docs/checkpoints.md promises a
