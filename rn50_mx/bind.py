@@ -10,11 +10,12 @@ GPUs share a node share its physical cores (with their hyperthread siblings) equ
 GPU's place is unknown (no nvidia-smi, as on a CPU machine; no sysfs entry; numa_node -1 and no local_cpulist),
 the ranks take equal slices of all cores in rank order, which is the reference's bind.sh --cpu=exclusive.
 """
-import argparse
 import os
 import subprocess
-import sys
 from collections import namedtuple
+
+from .config import Parser
+from .errors import run_cli
 
 Core = namedtuple("Core", "node cpus")
 
@@ -112,13 +113,18 @@ def gpu_places(ranks, visible, sysfs):
     return places
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="rn50_mx.bind", description=__doc__.split("\n")[0])
+def parser():
+    """The command line; an error is one line (config.Parser)."""
+    parser = Parser(prog="rn50_mx.bind", description=__doc__.split("\n")[0])
     parser.add_argument("rank", type=int, help="this process's local rank")
     parser.add_argument("ranks", type=int, help="ranks on this node")
     parser.add_argument("--visible", default="", help="CUDA_VISIBLE_DEVICES, when it is set")
     parser.add_argument("--sysfs", default="/sys", help="where sysfs is mounted")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
     lscpu = subprocess.run(["lscpu", "-p=CPU,CORE,NODE"], capture_output=True, text=True).stdout
     print(numactl_options(args.rank, args.ranks, read_cores(lscpu), gpu_places(args.ranks, args.visible,
                                                                                 args.sysfs)))
@@ -126,4 +132,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main, "rn50_mx.bind")

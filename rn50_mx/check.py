@@ -40,20 +40,30 @@ def resumable(s, state):
     checkpoint.refuse_ended(folder)
 
 
+def parser():
+    """The check's own options (config.tool_parser: training's flags are handed on)."""
+    parser = config.tool_parser("python -m rn50_mx.check", __doc__)
+    parser.add_argument("--resume", metavar="STATE", help="the launcher's state file of a stopped trial: refuse unless "
+                        "RN50_CHECKPOINT_DIR holds a checkpoint to resume it from (the file is named, not read)")
+    parser.add_argument("--env-names", action="store_true", help="print the variables to hand on to a container, "
+                        "one a line, and nothing else")
+    return parser
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
         print(__doc__.strip() + "\n\n" + config.help_text("rn50_mx.check"))
         return 0
-    if argv == ["--env-names"]:
+    args, rest = parser().parse_known_args(argv)
+    if args.env_names:
+        if rest or args.resume is not None:
+            raise InputError("--env-names: takes no other argument")
         print("\n".join(config.env_names()))
         return 0
-    if argv[:1] == ["--resume"]:
-        if len(argv) < 2 or argv[1].startswith("--"):
-            raise InputError("--resume: give the launcher's state file")
-        resumable(config.load(argv[2:], prog="rn50_mx.check"), argv[1])
-        argv = argv[2:]
-    return check(argv)
+    if args.resume is not None:
+        resumable(config.load(rest, prog="rn50_mx.check"), args.resume)
+    return check(rest)
 
 
 if __name__ == "__main__":

@@ -689,7 +689,8 @@ def tool_parser(prog, doc):
                   allow_abbrev=False)
 
 
-def _parser(prog):
+def settings_parser(prog):
+    """The flags of every setting (FIELDS), as rn50_mx.train takes them and the tools hand them on."""
     parser = Parser(prog=prog, description="MLPerf ResNet-50 training with MXNet Gluon, DALI and Horovod")
     for f in FIELDS.values():
         env = f.metadata["env"]
@@ -706,7 +707,7 @@ def resolve(argv=None, environ=None, prog="rn50_mx.train"):
     environ = os.environ if environ is None else environ
     values = from_environ(environ)
     origins = {name: FIELDS[name].metadata["env"] for name in values}
-    flags = vars(_parser(prog).parse_args([] if argv is None else argv))
+    flags = vars(settings_parser(prog).parse_args([] if argv is None else argv))
     for name, text in flags.items():
         if text is not None:
             values[name] = _convert(FIELDS[name], text, flag_name(name))
@@ -781,7 +782,7 @@ def environ_with(**changes):
 
 
 def help_text(prog="rn50_mx.train"):
-    return _parser(prog).format_help()
+    return settings_parser(prog).format_help()
 
 
 def describe(s, origins):

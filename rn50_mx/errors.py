@@ -26,9 +26,9 @@ def one_line(message):
 
 
 def run_cli(main, prog):
-    """Run `main()`; an InputError or Ctrl-C ends the process with one line and a non-zero code. After a failure
-    the process ends at once (its `finally` blocks have run): a worker thread blocked in a read (a FIFO, a hung
-    mount) must not keep it waiting at interpreter exit."""
+    """Run `main()`; an InputError, Ctrl-C or a closed output pipe ends the process with one line and a non-zero code.
+    After a failure the process ends at once (its `finally` blocks have run): a worker thread blocked in a read (a
+    FIFO, a hung mount) must not keep it waiting at interpreter exit."""
     try:
         code = main()
     except InputError as err:
@@ -36,6 +36,9 @@ def run_cli(main, prog):
     except KeyboardInterrupt:
         stopped = children.stop_all()
         quit_now(f"{prog}: interrupted" + (f"; its {stopped} child process group(s) stopped" if stopped else ""), 130)
+    except BrokenPipeError:  # stdout's reader left (`| head`): nothing more to say to it, and no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        quit_now(f"{prog}: stopped: its output's reader has gone", 1)
     sys.exit(code or 0)
 
 

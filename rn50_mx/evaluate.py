@@ -22,20 +22,12 @@ from .train import accuracy, flip_axis, network
 USAGE = "usage: python -m rn50_mx.evaluate (--model PATH | --checkpoint-dir DIR) --data-val VAL.rec [rn50_mx.train flags]"
 
 
-def split_model_flag(argv):
-    """(the --model PATH value or "", the other arguments)."""
-    rest, path = [], ""
-    args = iter(argv)
-    for arg in args:
-        if arg == "--model":
-            path = next(args, "")
-            if not path or path.startswith("--"):
-                raise InputError("--model: give a PATH (PATH-symbol.json and PATH-0000.params)")
-        elif arg.startswith("--model="):
-            path = arg.split("=", 1)[1]
-        else:
-            rest.append(arg)
-    return path, rest
+def parser():
+    """evaluate's own option (config.tool_parser: training's flags are handed on)."""
+    parser = config.tool_parser("python -m rn50_mx.evaluate", __doc__)
+    parser.add_argument("--model", metavar="PATH", default="",
+                        help="the model --save-model PATH wrote (PATH-symbol.json, -0000.params, -settings.json)")
+    return parser
 
 
 def from_checkpoint(s, folder, ctx):
@@ -57,7 +49,8 @@ def main():
     if "-h" in argv or "--help" in argv:
         print(USAGE + "\n\n" + config.help_text("rn50_mx.evaluate"))
         return 0
-    path, rest = split_model_flag(argv)
+    args, rest = parser().parse_known_args(argv)
+    path = args.model
     s = config.load(rest, prog="rn50_mx.evaluate")
     if bool(path) == bool(s.checkpoint_dir):
         raise InputError("give one of --model PATH and --checkpoint-dir DIR")

@@ -14,7 +14,6 @@ A run logged `submission_division: open` (one with an open-division lever, docs/
 scored only with open runs, never in a closed score; the compliance checker takes the open rules from that line of
 the log itself (common.yaml enqueues open_common.yaml), and the RCPs, which judge closed runs, are not applied.
 """
-import argparse
 import contextlib
 import glob
 import json
@@ -31,6 +30,7 @@ from mlperf_logging.rcp_checker import rcp_checker
 from mlperf_logging.result_summarizer import result_summarizer
 
 from . import files
+from .config import Parser
 from .mlperf_rules import (BENCHMARK, DEFAULT_RULESET, MAX_DROPPED, PRUNED, RUNS_NEEDED, TARGET_TOP1, USAGE,
                            load_checker, rcp_file)
 from .errors import InputError, printable, run_cli
@@ -126,6 +126,8 @@ def parse_log(path, ruleset):
         lines, unparsed = parse_file(path, ruleset=ruleset)
     except (KeyError, TypeError) as err:  # the parser gives up on JSON without key or time_ms
         raise InputError(f"{path}: malformed MLLOG line ({type(err).__name__}: {err})") from None
+    except OSError as err:  # the parser opens the file itself
+        raise files.os_error(path, err, "read") from None
     for line in lines:
         if not isinstance(line.value.get("metadata"), (dict, type(None))):
             raise InputError(f"{path}: {line.key}'s metadata {line.value['metadata']!r:.60} is not a JSON object")
@@ -445,9 +447,9 @@ def plot(report, png):
         files.remove_quietly(tmp)
 
 
-def parse_args(argv=None):
-    """The command line: logs or folders, the ruleset and what to print."""
-    parser = argparse.ArgumentParser(prog="python -m rn50_mx.timing", description=__doc__.splitlines()[0])
+def parser():
+    """The command line: logs or folders, the ruleset and what to print; an error is one line (config.Parser)."""
+    parser = Parser(prog="python -m rn50_mx.timing", description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", metavar="LOGS_OR_DIR",
                         help="training logs, or folders of *.log / result_*.txt files")
     parser.add_argument("--ruleset", default=DEFAULT_RULESET, choices=sorted(mlp_compliance.rule_choices()),
@@ -455,13 +457,19 @@ def parse_args(argv=None):
     parser.add_argument("--rcp", action="store_true", help="also run the RCP checker on the convergence epochs")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     parser.add_argument("--plot", metavar="FILE.png", help="draw top-1 and images/s per epoch of each run")
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv=None):
+    return parser().parse_args(argv)
 
 
 def main(argv=None):
     """Read the logs, check each one, and print the report (and draw the plot)."""
     args = parse_args(argv)
     with files.owned(args.plot) if args.plot else contextlib.nullcontext():  # the plot's folder, checked first
+        if args.plot:
+            files.refuse_special(args.plot, "plot")
         runs = [read_run(path, args.ruleset) for path in find_logs(args.paths)]
         for run in runs:
             run.compliance, run.compliance_reason = check_compliance(run.path, args.ruleset)

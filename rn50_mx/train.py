@@ -158,6 +158,9 @@ def fit(s, d, net, loss_fn, trainer, train_it, val_it, pos, saver, average=ema.O
         if isinstance(result, checkpoint.Divergence):
             return stop_diverged(s, d, trainer, pos, result)
         speed, wait, loss = result
+        why = stops.settle()  # the steps since the last check, read before an eval judges the weights or a checkpoint
+        if why:               # keeps them: a NaN model scored a constant answer's top-1, a success at a low target
+            return stop_diverged(s, d, trainer, pos, why)
         log.event("throughput", speed * d.size, metadata={K.EPOCH_NUM: epoch + 1})
         line = f"epoch {epoch + 1}: {speed * d.size:.1f} img/s, data wait {wait:.1%}, loss {loss:.4f}"
         if epoch in evals and val_it is not None:
@@ -174,15 +177,11 @@ def fit(s, d, net, loss_fn, trainer, train_it, val_it, pos, saver, average=ema.O
         say(d, line)
         pos.epoch, pos.step, pos.loss, pos.images = epoch + 1, 0, 0.0, 0
         if saver and saver.periodic(epoch) and epoch < last:
-            why = stops.settle()
-            if why:
-                return stop_diverged(s, d, trainer, checkpoint.Position(epoch, train_it.steps_per_epoch), why)
             try:
                 say(d, f"checkpoint: {saver.save(pos)}")
-            except InputError as err:  # the run goes on: the previous checkpoint stays current
+            except InputError as err:  # the run goes on; the line names the checkpoint that stays current
                 say(d, f"rn50_mx: {err}")
-    why = stops.settle()  # the steps since the last check: a run that diverged at its end says so and saves no model
-    return stop_diverged(s, d, trainer, checkpoint.Position(last, train_it.steps_per_epoch), why) if why else K.ABORTED
+    return K.ABORTED
 
 
 def one_model(net, d):
@@ -284,6 +283,7 @@ def arm_exit_alarm(seconds):
 def run(s):
     """The whole timed run; returns the run_stop status, or checkpoint.RESUMABLE or DIVERGED."""
     d = dist.init(s)
+    data.named_files(s, data.present)  # asked what they are before any work, not read: that waits for run_start
     with checkpoint.model_output(s, d):  # checked and owned before any work
         saver = checkpoint.Checkpoints(s, d) if s.checkpoint_dir else None
         if saver and saver.meta and s.seed is None:  # the resumed run draws from the seed the checkpoint's run drew
@@ -373,6 +373,11 @@ def say(d, line):
 
 def progress(epoch, step, steps, speed, lr):
     print(f"  epoch {epoch + 1} step {step}/{steps}: {speed:.1f} img/s, lr {lr:.4g}", flush=True)
+
+
+def parser():
+    """Training's options: one per setting (config.FIELDS), each also read from its variable."""
+    return config.settings_parser("rn50_mx.train")
 
 
 def main():

@@ -218,8 +218,8 @@ def test_a_corrupt_or_partial_checkpoint_is_refused_and_the_previous_one_used(re
     refusals = [line for line in text.splitlines() if line.startswith("rn50_mx: ")]
     assert len(refusals) == 2, refusals
     assert refusals[0].endswith(".tmp-step-10: a partial checkpoint (its writer stopped): removed")
-    assert refusals[1].endswith(f"step-{STEPS + 2}: refused (params is corrupt (CRC-32 differs)); renamed *.refused; "
-                                f"using step-{STEPS}")
+    assert refusals[1].endswith(f"step-{STEPS + 2}: refused (params is corrupt (CRC-32 differs)); renamed "
+                                f"step-{STEPS + 2}.refused; using step-{STEPS}")
     assert_same_params(str(tmp_path / "model"), reference)  # resumed from step 6: still exact
 
 
@@ -410,7 +410,7 @@ def test_a_checkpoint_that_does_not_load_is_refused_before_the_resumed_run_logs(
     text = run(recs, 1, tmp_path / "out.txt", checkpoint_dir=folder, save_model=tmp_path / "model", mllog_file=log)
     refusals = [line for line in text.splitlines() if line.startswith("rn50_mx: ")]
     assert len(refusals) == 1 and f"step-{STEPS + 2}: refused (params has no " in refusals[0], refusals
-    assert refusals[0].endswith(f"; renamed *.refused; using step-{STEPS}"), refusals
+    assert refusals[0].endswith(f"; renamed step-{STEPS + 2}.refused; using step-{STEPS}"), refusals
     assert_same_params(str(tmp_path / "model"), reference)
     keys = [key for key, _, _ in events(log)]
     assert keys.count("init_start") == 2 and keys.count("run_start") == 2 and keys.count("run_stop") == 1, keys
@@ -502,8 +502,9 @@ def test_a_full_disk_at_the_stop_is_one_line_and_no_checkpoint(recs, tmp_path):
     wait_for(proc, out, rf"epoch 1 step 1/{STEPS}")
     proc.send_signal(signal.SIGTERM)
     text = finish(proc, out, code=2)
-    assert re.search(r"^rn50_mx.train: error: .*ckpt: cannot write a checkpoint \(rank 0: .*\); the previous one "
-                     r"stays current$", text, re.M) and "Traceback" not in text, text[-3000:]
+    assert re.search(r"^rn50_mx.train: error: .*ckpt: cannot write a checkpoint \(rank 0: .*\); there is no "
+                     r"checkpoint: a resume would start the run anew$", text, re.M) and "Traceback" not in text, \
+        text[-3000:]  # issue 49: it said "the previous one stays current", where there was none
     assert os.listdir(folder) == ["lock"]  # the partial one was under its temporary name, then removed
 
 
@@ -700,7 +701,7 @@ def test_evaluate_refuses_a_checkpoint_in_another_dtype(recs, two_checkpoints):
 @pytest.mark.parametrize("extra,name", [
     ([], "give one of --model PATH and --checkpoint-dir DIR"),
     (["--model", "/nonexistent/m"], "/nonexistent/m-0000.params"),
-    (["--model"], "--model: give a PATH"),
+    (["--model"], "argument --model: expected one argument"),
 ])
 def test_evaluate_refuses_in_one_line(recs, extra, name):
     result = evaluate(recs, 1, *extra)

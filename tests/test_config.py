@@ -112,8 +112,8 @@ def test_a_bad_setting_is_one_line_naming_it(argv, env, name):
 
 
 @pytest.mark.parametrize("argv,says", [
-    (["--resume"], "--resume: give the launcher's state file"),
-    (["--resume", "--lr", "1"], "--resume: give the launcher's state file"),
+    (["--resume"], "argument --resume: expected one argument"),
+    (["--resume", "--lr", "1"], "argument --resume: expected one argument"),
     (["--resume", "/x/r.resume", "--batch-size", "0"], "--batch-size=0"),
 ])
 def test_check_refuses_a_resume_it_cannot_judge(argv, says):

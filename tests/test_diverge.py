@@ -110,6 +110,24 @@ def test_a_divergence_in_a_run_s_last_steps_stops_it_as_diverged_with_no_model(t
     assert not any(name.startswith("model") for name in os.listdir(tmp_path))
 
 
+def test_a_nan_model_is_never_scored_a_success_at_a_target_a_constant_answer_reaches(three_classes, tmp_path):
+    """Issue 49, class 2: the tiny set's 6 steps an epoch, NaN from step 2; the check issued at step 4 is read at
+    step 8, after the epoch's eval, which judged the NaN weights: their constant answer (a third of the val images
+    right) reached a target of 0.2: run_stop success, exit 0, the NaN model saved. The steps since the last check are
+    read before an eval now: diverged, no eval, no model."""
+    log, model = tmp_path / "mlperf.log", tmp_path / "model"
+    flags = [*SYNTHETIC[4:], "--data-train", f"{three_classes}/train.rec", "--data-val", f"{three_classes}/val.rec",
+             "--num-epochs", "1", "--lr", "1e30", "--accuracy-threshold", "0.2", "--mllog-file", str(log),
+             "--save-model", str(model)]
+    result = run_worker(tmp_path / "steps", flags)
+    assert result.returncode == checkpoint.DIVERGED_EXIT, result.stdout[-2000:] + result.stderr[-2000:]
+    assert diverged_lines(result.stdout)[0].startswith("diverged at epoch 1 step 6: loss nan over the run's steps")
+    keys = [key for key, _, _ in events(log)]
+    assert "eval_accuracy" not in keys and keys[-2:] == ["diverged", "run_stop"], keys[-4:]
+    assert events(log)[-1][2]["status"] == "aborted"
+    assert not any(name.startswith("model") for name in os.listdir(tmp_path))
+
+
 def test_two_ranks_stop_at_the_same_step_when_one_rank_s_loss_goes_past_the_limit_first(tmp_path):
     """Two Gloo ranks launched with different learning rates (a launch whose ranks got different environments: rank 1
     LR 20, rank 0 LR 0): rank 1's loss on its own synthetic batch goes past 1000 ln 3 at its second step while rank 0's

@@ -3,14 +3,17 @@ status expected, and what must be on disk afterwards. Real files, real processes
 full disk, a read-only tmpfs for an unwritable folder (root writes through chmod), FIFOs for reads that block, two
 processes at once. Most probes fail before MXNet loads, so the table runs in seconds; the few that need training
 are marked slow."""
+import argparse
 import contextlib
 import glob
 import os
+import pathlib
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -19,9 +22,12 @@ import psutil
 import pytest
 
 from rn50_mx import prep_rec
+from tests.support import bad_values
 from tests.support.data import TINY_CLASSES
 from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, files_in, launcher, mounted, py, run, sigterm_to
 from tests.support.settings import TINY_KEEP_CACHES
+from tests.support.studies import planted_study, search_argv
+from tests.support.table_runner import as_user, linked_copy
 
 FIXTURE_LOGS = sorted(glob.glob(os.path.join(ROOT, "tests", "data", "inspur_nf5688m6", "result_*.txt")))
 
@@ -340,3 +346,215 @@ def test_an_edited_exit_codes_file_is_one_line_in_every_command(tmp_path, edit):
                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode == 2 and re.fullmatch(rf"rn50_mx: error: {re.escape(str(codes))}: \w+_EXIT.*reinstall "
                                                    r"rn50_mx\n", result.stderr), result.stderr[-2000:]
+
+
+# --- hostile pass 7 (issue 49): each class's named cases; tests/test_input_table.py runs every input through them --
+
+def checkpoint_copy(stopped_checkpoints, tmp):
+    """A copy of the suite's stopped checkpoint folder (table_runner.linked_copy's)."""
+    return pathlib.Path(linked_copy(stopped_checkpoints, tmp / "ckpt"))
+
+
+@pytest.mark.parametrize("plant", [bad_values.link_elsewhere, bad_values.fifo], ids=["link", "fifo"])
+@pytest.mark.parametrize("where", ["checkpoint folder", "study"])
+def test_a_lock_is_never_opened_through_a_planted_link_or_fifo(stopped_checkpoints, tmp_path, where, plant):
+    """Class 1: `ln -s victim CKPT/lock`, then a resume, replaced the victim's content with `process N on HOST` and
+    went on; the same at the study's lock (STUDY.db.STUDY.lock); a FIFO there was an OSError traceback (Errno 22,
+    ftruncate). Both refuse in one line naming the lock, the victim intact."""
+    from rn50_mx import search
+    from rn50_mx.checkpoint import lock
+    from rn50_mx.errors import InputError
+
+    if where == "study":
+        args = argparse.Namespace(results=str(tmp_path / "res"), study="CPU",
+                                  storage=f"sqlite:///{tmp_path / 'res' / 'CPU.db'}")
+        path, take = search.lock_path(args), lambda: search.hold_lock(args)
+        os.makedirs(tmp_path / "res")
+    else:
+        folder = checkpoint_copy(stopped_checkpoints, tmp_path)
+        path, take = os.path.join(folder, "lock"), lambda: lock(folder)
+        os.remove(path)
+    plant(path)
+    with pytest.raises(InputError, match=rf"^{re.escape(path)}: a (symbolic link|FIFO \(named pipe\)), not a regular "
+                                         "file"):
+        take()
+    assert plant is bad_values.fifo or bad_values.victim_intact(path)
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_at_the_finished_mark_is_one_line_not_a_hung_resume(stopped_checkpoints, tmp_path):
+    """Class 4: a FIFO at the checkpoint folder's `finished` mark hung a resume and the launchers' `check --resume`
+    (both ask checkpoint.refuse_ended): the old code waits here until the test's timeout."""
+    from rn50_mx.checkpoint import refuse_ended
+    from rn50_mx.errors import InputError
+
+    folder = checkpoint_copy(stopped_checkpoints, tmp_path)
+    os.mkfifo(folder / "finished")
+    with pytest.raises(InputError, match=r"/finished: a FIFO \(named pipe\), not a regular file: cannot read it, "
+                                         r"where a run marks its end"):
+        refuse_ended(str(folder))
+
+
+def test_a_fifo_as_the_mllog_file_is_one_line(tmp_path):
+    """Class 4: a FIFO as --mllog-file was taken for a new log: the run's MLPerf lines went into the pipe, unread
+    (past 64 KB the run would block)."""
+    from rn50_mx.errors import InputError
+    from rn50_mx.mlperf_log import new_log
+
+    os.mkfifo(tmp_path / "mlperf.log")
+    with pytest.raises(InputError, match=r"mlperf\.log: a FIFO \(named pipe\), not a regular file: cannot write it"):
+        new_log(str(tmp_path / "mlperf.log"))
+
+
+@pytest.mark.parametrize("fault", ["val.rec a FIFO", "train.idx cut short"])
+def test_training_checks_its_data_before_run_start(shared, tmp_path, fault):
+    """Class 4: `python -m rn50_mx.train` (no launcher's check before it) met a FIFO val.rec after run_start (its log
+    a run that never ended), and trained in silence on the first half of a train.idx cut short. What the files are
+    is asked before any work (no byte read: the MLPerf clock starts before the data are touched); an index training
+    counts (no --num-examples) is checked to its end when it is counted, before run_start."""
+    data = shutil.copytree(shared["data"], tmp_path / "data")
+    if fault == "val.rec a FIFO":
+        os.remove(data / "val.rec")
+        os.mkfifo(data / "val.rec")
+    else:
+        bad_values.truncated(data / "train.idx")
+    result = run(py("rn50_mx.train", "--data-train", data / "train.rec", "--data-val", data / "val.rec",
+                    "--num-classes", "5", "--image-shape", "3,32,32", "--batch-size", "4", "--num-epochs", "1",
+                    "--warmup-epochs", "0", "--eval-offset", "0", "--dali-threads", "1"),
+                 {"OMP_NUM_THREADS": "1"}, timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stdout[-1500:] + result.stderr[-1500:]
+    fifo = fault == "val.rec a FIFO"
+    said = "val.rec: a FIFO (named pipe)" if fifo else "train.idx: lists records up to byte "
+    assert said in result.stderr.strip().splitlines()[-1] and len(result.stderr.strip().splitlines()) == 1
+    assert '"run_start"' not in result.stdout  # a FIFO before init_start; the index when the epoch is sized
+    assert fifo != ('"init_start"' in result.stdout)
+
+
+def two_checkpoints(stopped_checkpoints, tmp):
+    """The stopped run's folder with its checkpoint also as step-1 (the one before it: the same files are a usable
+    checkpoint under any step's name)."""
+    folder = checkpoint_copy(stopped_checkpoints, tmp)
+    [step] = [name for name in os.listdir(folder) if name.startswith("step-")]
+    shutil.copytree(folder / step, folder / "step-1", copy_function=os.link)
+    return folder, folder / step
+
+
+@pytest.fixture
+def open_tmp():
+    """A folder under /tmp that another user can reach (pytest's own are root's alone), removed at the end."""
+    folder = tempfile.mkdtemp(prefix="rn50-hostile-")
+    os.chmod(folder, 0o755)
+    yield pathlib.Path(folder)
+    shutil.rmtree(folder)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs as another user: needs root")
+def test_an_unreadable_rank_file_refuses_its_checkpoint_and_the_previous_one_is_used(stopped_checkpoints, open_tmp,
+                                                                                     capsys):
+    """Class 5: a rank0.json the user cannot read was a PermissionError traceback; docs/checkpoints.md promises a
+    one-line refusal and the previous checkpoint. As nobody (root reads through chmod 0), in this process."""
+    from rn50_mx import checkpoint
+
+    folder, newest = two_checkpoints(stopped_checkpoints, open_tmp)
+    assert checkpoint.newest_usable(str(folder), set_aside=False) == str(newest)  # as root: the imports, once
+    bad_values.unreadable(newest / "rank0.json")
+    for path in [folder, *folder.rglob("*")]:  # the user's own folder, but the hard links the fixture shares
+        if path != newest / "rank0.json" and (path.is_dir() or path.stat().st_nlink == 1):
+            os.chown(path, 65534, 65534)
+    with as_user(65534):
+        chosen = checkpoint.newest_usable(str(folder), set_aside=False)
+    assert chosen == str(folder / "step-1")
+    assert capsys.readouterr().err.strip() == (f"rn50_mx: {newest}: refused (rank0.json cannot be read (Permission "
+                                               "denied)); using step-1")
+
+
+def test_a_refused_checkpoint_whose_refused_name_is_taken_is_set_aside_under_another(stopped_checkpoints, tmp_path,
+                                                                                     capsys):
+    """Class 5: a refused step whose `.refused` name was taken (a refusal of that step before) was an OSError
+    traceback (Directory not empty); it is set aside as STEP.refused-2, the earlier one kept."""
+    from rn50_mx import checkpoint
+
+    folder, newest = two_checkpoints(stopped_checkpoints, tmp_path)
+    bad_values.truncated(newest / "rank0.json")
+    os.makedirs(f"{newest}.refused/earlier")
+    assert checkpoint.newest_usable(str(folder)) == str(folder / "step-1")
+    assert sorted(os.listdir(folder)) == ["lock", "step-1", f"{newest.name}.refused", f"{newest.name}.refused-2"]
+    assert capsys.readouterr().err.strip().endswith(f"; renamed {newest.name}.refused-2; using step-1")
+
+
+def test_a_link_at_a_partial_checkpoint_s_name_is_said_as_what_was_done(tmp_path, capsys):
+    """Class 7: a link planted at .tmp-step-N was "a partial checkpoint (its writer stopped): removed" and left (rmtree
+    follows no link); now the link itself is removed, said so, and what it points to is kept."""
+    from rn50_mx import checkpoint
+
+    (tmp_path / "victim").mkdir()
+    (tmp_path / "victim" / "kept").write_text("x")
+    (tmp_path / "ckpt").mkdir()
+    os.symlink(tmp_path / "victim", tmp_path / "ckpt" / ".tmp-step-9")
+    assert checkpoint.newest_usable(str(tmp_path / "ckpt")) is None
+    assert capsys.readouterr().err.strip() == (f"rn50_mx: {tmp_path / 'ckpt' / '.tmp-step-9'}: not a folder (a link "
+                                               "or a file in a partial checkpoint's place): the entry removed, "
+                                               "nothing it points to")
+    assert os.listdir(tmp_path / "ckpt") == [] and (tmp_path / "victim" / "kept").read_text() == "x"
+
+
+def search_in(tmp, data, *extra):
+    return run(py("rn50_mx.search", *search_argv(tmp / "res", tmp / "cfg", data, *extra)), {"OMP_NUM_THREADS": "1"},
+               timeout=300)
+
+
+def test_a_value_planted_in_optuna_s_fixed_params_is_one_line_naming_the_trial(shared, tmp_path):
+    """Class 6: {"EVAL_OFFSET": "abc"} planted as a RUNNING trial's fixed_params was queued again, then a ValueError
+    traceback from study.ask at this and every later driver. Refused before anything runs."""
+    planted_study(tmp_path / "res", trial_runs=[], fixed={"EVAL_OFFSET": "abc"})
+    result = search_in(tmp_path, shared["data"])
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        f"python -m rn50_mx.search: error: sqlite:///{tmp_path / 'res' / 'CPU.db'}: study 'CPU', trial 0: the values "
+        "it is queued with: EVAL_OFFSET='abc' is not a value of --knob EVAL_OFFSET=0:1; this search did not write "
+        "them"], result.stderr[-2000:]
+    assert not (tmp_path / "res" / "CPU.trials").exists()
+
+
+def test_a_finalist_s_log_of_another_run_is_not_scored(shared, tmp_path):
+    """Class 3: an ended finals record whose FOLDER/seedSEED.log is another run's log (here the reference's: another
+    seed, other settings) was scored as that finalist's. The log's own seed and settings are checked first."""
+    from rn50_mx.search.driver import final_seeds
+
+    seed = final_seeds("CPU", 1)[0]
+    folder = tmp_path / "res" / "CPU.finals" / "1" / "sourced"
+    folder.mkdir(parents=True)
+    shutil.copy(FIXTURE_LOGS[0], folder / f"seed{seed}.log")
+    planted_study(tmp_path / "res", finished={"EVAL_OFFSET": 1}, finals=[dict(
+        set="sourced", params={"EVAL_OFFSET": 1}, seed=seed, folder=str(folder), launcher="local",
+        record=["pgid", 999_999, 1], ended=True)])
+    result = search_in(tmp_path, shared["data"], "--finalists", "1")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stdout + result.stderr
+    assert result.stderr.startswith(
+        f"python -m rn50_mx.search: error: sqlite:///{tmp_path / 'res' / 'CPU.db'}: study 'CPU', finals: the log "
+        f"{folder / f'seed{seed}.log'} of finalist sourced seed {seed}, which ended under an earlier driver, is not "
+        f"that run's (its seed is 13863, the run's {seed})"), result.stderr
+    assert result.stdout == ""
+
+
+def test_a_finalist_s_group_left_alone_is_not_said_ended(shared, tmp_path):
+    """Class 7: the search said a finalist's recorded group "is not provably the recorded run's: left alone", then
+    "its processes ended, run again" of the same finalist. Its group here: a process under the recorded id that
+    started at another time, which is left running."""
+    from rn50_mx import children
+
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        seed = 910_000
+        folder = tmp_path / "res" / "CPU.finals" / "1" / "sourced"
+        planted_study(tmp_path / "res", finished={"EVAL_OFFSET": 1}, finals=[dict(
+            set="sourced", params={"EVAL_OFFSET": 1}, seed=seed, folder=str(folder), launcher="local",
+            record=["pgid", other.pid, children.started_at(other.pid) + 1], ended=False)])
+        result = search_in(tmp_path, shared["data"])
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert result.stdout.splitlines()[1] == (
+            f"search: finalist sourced seed {seed} was running when the last driver stopped: its recorded process "
+            "group was left alone (above), run again"), result.stdout
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()

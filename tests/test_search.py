@@ -411,7 +411,8 @@ os.kill(os.getpid(), 9)
         assert time.time() < deadline, "the run outlived the driver that never kept its record"
         time.sleep(0.1)
     assert not ran.exists()
-    assert (tmp_path / "killed.out").read_text() == ("not started: the search driver that launched it ended before "
+    assert (tmp_path / "killed.out").read_text() == (f"sh -c 'touch {ran}; sleep 60'\n"  # its command, first
+                                                     "not started: the search driver that launched it ended before "
                                                      "keeping its record\n")
 
     from rn50_mx.search import launchers
@@ -607,7 +608,8 @@ def test_a_later_search_leaves_a_group_that_is_not_the_run_s_alone(tiny_data, tm
         assert result.stdout.splitlines()[:2] == [
             f"search: process group {pgid} is not provably the recorded run's (its leader started at another time, "
             f"or none of its processes names {tmp_path / 'res' / 'CPU.trials' / '0001'}): left alone",
-            "search: trial 1 was running when the last driver stopped: its processes ended, queued again"]
+            "search: trial 1 was running when the last driver stopped: its recorded process group was left alone "
+            "(above), queued again"]  # issue 49: it said "its processes ended" of the group it had just left
         assert psutil.pid_exists(member) and psutil.Process(member).status() != psutil.STATUS_ZOMBIE
     finally:
         os.killpg(pgid, signal.SIGKILL)

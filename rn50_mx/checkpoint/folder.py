@@ -7,7 +7,6 @@ import os
 import random
 import re
 import shutil
-import socket
 import sys
 
 import mxnet as mx
@@ -73,6 +72,7 @@ class Checkpoints:
                 raise InputError(f"{self.resume}: written with other settings, which would change the run: "
                                  + "; ".join(wrong))
         self.parts = None
+        self.current = self.resume  # the checkpoint a resume would use now: the one resumed, then each written
 
     def resumes(self):
         """(checkpoint folder, log_mark of the MLPerf log then) when resuming a run that wrote an --mllog-file: the
@@ -133,7 +133,8 @@ class Checkpoints:
 
     def save(self, pos):
         """Write a checkpoint of `pos` (every rank calls it at the same step); returns its folder. A rank that cannot
-        write makes every rank raise the same InputError; the previous checkpoint stays current."""
+        write makes every rank raise the same InputError, which names the checkpoint that stays current (or says
+        that there is none)."""
         net, trainer, iters, steps, base_seed, average = self.parts
         name = f"step-{pos.epoch * steps + pos.step}"
         tmp, final = os.path.join(self.dir, ".tmp-" + name), os.path.join(self.dir, name)
@@ -145,13 +146,24 @@ class Checkpoints:
         if failure:
             if self.d.rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)  # frees what a full disk took
-            raise InputError(f"{self.dir}: cannot write a checkpoint ({failure}); the previous one stays current")
+            kept = (f"{os.path.basename(self.current)} stays current" if self.current else
+                    "there is no checkpoint: a resume would start the run anew")
+            raise InputError(f"{self.dir}: cannot write a checkpoint ({failure}); {kept}")
+        self.current = final
         return final
 
     def finish(self, status):
         """Rank 0, after run_stop: mark the folder so that no later run resumes a run that has ended."""
-        if self.d.rank == 0:
-            write_bytes(os.path.join(self.dir, FINISHED), f"run_stop {status}\n".encode())
+        if self.d.rank == 0:  # under a temporary name, renamed: a link planted at the mark's name is replaced
+            path = os.path.join(self.dir, FINISHED)
+            tmp = files.temp_name(path)
+            try:
+                write_bytes(tmp, f"run_stop {status}\n".encode())
+                os.replace(tmp, path)
+            except OSError as err:
+                raise files.os_error(path, err, "write") from None
+            finally:
+                files.remove_quietly(tmp)
 
     def attempt(self, action):
         """Run `action` on this rank; the first rank's failure, as text, on every rank (None when all succeeded)."""
@@ -210,31 +222,33 @@ class Checkpoints:
 
 
 def fresh_folder(path):
-    shutil.rmtree(path, ignore_errors=True)
+    remove_partial(path)
     os.makedirs(path)
 
 
 def complete(folder):
     """The step-N folders in `folder`, oldest first."""
-    steps = sorted((int(m.group(1)), name) for name in os.listdir(folder) for m in [STEP.match(name)] if m)
+    steps = sorted((int(m.group(1)), name) for name in listed(folder) for m in [STEP.match(name)] if m)
     return [os.path.join(folder, name) for _, name in steps]
 
 
+def listed(folder):
+    """The names in the checkpoint folder, or one line saying why it cannot be listed."""
+    try:
+        return os.listdir(folder)
+    except OSError as err:
+        raise InputError(f"--checkpoint-dir {folder}: cannot read ({err.strerror})") from None
+
+
 def lock(folder):
-    """Create `folder` if needed and hold its lock (files.try_lock) for the life of the process, saying who holds it;
+    """Create `folder` if needed and hold its lock (files.noted_lock) for the life of the process, saying who holds it;
     one line when another run holds it or the folder cannot be written."""
-    path = os.path.join(folder, "lock")
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as err:
         raise InputError(f"--checkpoint-dir {folder}: cannot write there ({err.strerror})") from None
-    fd = files.try_lock(path)
-    if fd is None:
-        with open(path) as f:
-            raise InputError(f"--checkpoint-dir {folder}: in use by another run ({f.read().strip() or 'unknown'})")
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
-    return fd
+    return files.noted_lock(os.path.join(folder, "lock"),
+                            lambda note: f"--checkpoint-dir {folder}: in use by another run ({note})")
 
 
 def model_arrays(folder):
@@ -270,12 +284,20 @@ def mean(arrays):
 
 
 def refuse_ended(folder):
-    """One line for a folder whose run ended with run_stop: its checkpoints are not resumed."""
+    """One line for a folder whose run ended with run_stop: its checkpoints are not resumed. The mark is read as
+    files.read_text reads (a FIFO planted there hung the resume, a folder or an unreadable file was a traceback), and
+    anything at its name but a mark is refused as well: the run there may have ended."""
     path = os.path.join(folder, FINISHED)
-    if os.path.exists(path):
-        with open(path) as f:
-            raise InputError(f"--checkpoint-dir {folder}: the run there has ended ({f.read().strip()}); give "
-                             "another folder (python -m rn50_mx.evaluate --checkpoint-dir reads it)")
+    if not os.path.lexists(path):
+        return
+    try:
+        said = files.read_text(path, 200).strip()
+    except InputError as err:
+        raise InputError(f"--checkpoint-dir {folder}: {err}, where a run marks its end; give another folder (or "
+                         "remove it)") from None
+    said = said or f"an empty {FINISHED} mark"
+    raise InputError(f"--checkpoint-dir {folder}: the run there has ended ({said}); give another folder (python -m "
+                     "rn50_mx.evaluate --checkpoint-dir reads it)")
 
 
 def resume_problem(folder, s, d):
@@ -295,10 +317,9 @@ def newest_usable(folder, set_aside=True, deeper=lambda path: None):
     """The newest complete checkpoint that passes its checks (disk.problem, then deeper(its folder): a problem or
     None), or None. Each one refused is one line on stderr; with set_aside (the run that holds the lock), renamed
     out of the way, and a partial one left by a writer that stopped is removed."""
-    for name in os.listdir(folder) if set_aside else ():
+    for name in listed(folder) if set_aside else ():
         if name.startswith(".tmp-"):
-            shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
-            print(f"rn50_mx: {os.path.join(folder, name)}: a partial checkpoint (its writer stopped): removed",
+            print(f"rn50_mx: {os.path.join(folder, name)}: {remove_partial(os.path.join(folder, name))}",
                   file=sys.stderr)
     found, refused = complete(folder), []
     for path in reversed(found):
@@ -309,16 +330,41 @@ def newest_usable(folder, set_aside=True, deeper=lambda path: None):
                              "resumed (an older one would diverge again): give other settings and another folder")
         if why is None:
             for bad, reason in refused:
-                if set_aside:
-                    os.rename(bad, bad + ".refused")
-                print(f"rn50_mx: {bad}: refused ({reason}){'; renamed *.refused' if set_aside else ''}; using "
-                      f"{os.path.basename(path)}", file=sys.stderr)
+                moved = f"; renamed {os.path.basename(set_apart(bad, folder))}" if set_aside else ""
+                print(f"rn50_mx: {bad}: refused ({reason}){moved}; using {os.path.basename(path)}", file=sys.stderr)
             return path
         refused.append((path, why))
     if refused:
         raise InputError(f"--checkpoint-dir {folder}: no usable checkpoint: " +
                          "; ".join(f"{os.path.basename(p)} ({why})" for p, why in refused))
     return None
+
+
+def remove_partial(path):
+    """Remove what a stopped writer left at `path` (.tmp-step-N); what was done, in words. A folder is removed with
+    its files; anything else there (a link planted in its place, a file) is unlinked itself, never followed."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+        return "a partial checkpoint (its writer stopped): removed"
+    files.remove_quietly(path)
+    return "not a folder (a link or a file in a partial checkpoint's place): the entry removed, nothing it points to"
+
+
+def set_apart(path, folder):
+    """Rename a refused checkpoint out of the way: PATH.refused, or PATH.refused-K, the first K free (a refused one
+    of that step set aside before keeps its name); the new path. One line when it cannot be renamed."""
+    for k in range(1, 1000):
+        new = f"{path}.refused" + (f"-{k}" if k > 1 else "")
+        if os.path.lexists(new):
+            continue
+        try:
+            os.rename(path, new)
+        except OSError as err:
+            raise InputError(f"--checkpoint-dir {folder}: cannot set {os.path.basename(path)} aside as "
+                             f"{os.path.basename(new)} ({err.strerror})") from None
+        return new
+    raise InputError(f"--checkpoint-dir {folder}: {os.path.basename(path)} refused 1000 times over; clear the "
+                     "*.refused folders")
 
 
 def agree(d, folder, deeper):

@@ -80,12 +80,13 @@ def load_model(path, s, ctx):
     symbol = path + "-symbol.json"
     try:  # parsed alone first, so that a refusal names the file at fault
         mx.sym.load(symbol)
-    except mx.base.MXNetError as err:
+    except (mx.base.MXNetError, ValueError) as err:  # ValueError: bytes that are not UTF-8 (mx.sym.load decodes)
         raise InputError(f"--model {path}: {symbol} is not a network MXNet can load ({first_line(err)})") from None
     try:
         with warnings.catch_warnings():  # imports() cannot infer the input's type before the first batch; it is fine
             warnings.simplefilter("ignore", UserWarning)
             return mx.gluon.SymbolBlock.imports(symbol, ["data"], path + "-0000.params", ctx=ctx)
     except (mx.base.MXNetError, ValueError, AssertionError) as err:
-        raise InputError(f"--model {path}: cannot load its parameters with its network ({first_line(err)})") from None
+        raise InputError(f"--model {path}: cannot load its parameters ({path}-0000.params) with its network "
+                         f"({first_line(err)})") from None
 

@@ -17,8 +17,8 @@ the model computes; see Handover for how a batch reaches MXNet on each device.
 from .iters import (RING, BatchIter, DaliIter, Handover, SyntheticIter, batch_shape, build_iters, dali_iter,
                     input_memory, make_iters, open_iters, wait_for_readers)
 from .pipeline import MEAN, STD, graph, stretch
-from .records import check_files, check_idx, rec_and_idx, steps_per_epoch
+from .records import check_files, check_idx, named_files, present, rec_and_idx, steps_per_epoch
 
 __all__ = ["RING", "BatchIter", "DaliIter", "Handover", "SyntheticIter", "batch_shape", "build_iters", "dali_iter",
            "input_memory", "make_iters", "open_iters", "wait_for_readers", "MEAN", "STD", "graph", "stretch",
-           "check_files", "check_idx", "rec_and_idx", "steps_per_epoch"]
+           "check_files", "check_idx", "named_files", "present", "rec_and_idx", "steps_per_epoch"]

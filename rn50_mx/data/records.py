@@ -11,7 +11,8 @@ from PIL import Image, UnidentifiedImageError
 
 from .. import prep_rec
 from ..errors import InputError
-from ..files import regular_input, write_atomically
+from ..files import open_regular, regular_size, write_atomically
+from ..prep_rec.verify import RECORD_MAGIC
 
 # --- files ----------------------------------------------------------------------------------------------
 
@@ -30,37 +31,86 @@ def data_paths(settings, train):
     return rec, idx
 
 
-def readable(rec, idx):
-    """(rec, idx) after reading a byte of each: a missing, empty or special file (files.regular_input) is one line
-    naming it."""
-    try:
-        with open(regular_input(rec), "rb") as f:
-            if not f.read(1):
-                raise InputError(f"{rec}: empty file")
-    except OSError as err:
-        raise InputError(f"{rec}: cannot read ({err.strerror})") from None
-    try:
-        with open(regular_input(idx), "rb") as f:
-            if not f.read(1):
-                raise InputError(f"{idx}: empty index: it lists no record of {rec}")
-    except FileNotFoundError:
+def present(rec, idx):
+    """(rec, idx) when both are regular files this process may read, neither empty, asked of the file system without
+    opening them (files.regular_size): what training asks before any work, since the MLPerf clock starts before
+    the data are touched (DaliIter.open reads them after run_start). A missing, empty or special file is one line
+    naming it: a FIFO val .rec used to fail after run_start."""
+    if not regular_size(rec):
+        raise InputError(f"{rec}: empty file")
+    if not os.path.lexists(idx):
         raise InputError(f"{idx}: no index for {rec}; pack the images again to get both files: "
-                         f"python -m rn50_mx.prep_rec pack IMAGE_DIR {os.path.splitext(rec)[0]}") from None
-    except OSError as err:
-        raise InputError(f"{idx}: cannot read ({err.strerror})") from None
+                         f"python -m rn50_mx.prep_rec pack IMAGE_DIR {os.path.splitext(rec)[0]}")
+    if not regular_size(idx):
+        raise InputError(f"{idx}: empty index: it lists no record of {rec}")
     return rec, idx
 
 
+def readable(rec, idx):
+    """present(rec, idx), then a byte of each read, opened as files.open_regular opens (a FIFO or a device swapped
+    in since is refused before a read that would wait or fail in DALI's words)."""
+    for path in present(rec, idx):
+        first_byte(path)
+    return rec, idx
+
+
+def first_byte(path):
+    """The first byte of the regular file at `path` (b"" when it is empty)."""
+    fd = open_regular(path)
+    try:
+        return os.read(fd, 1)
+    except OSError as err:
+        raise InputError(f"{path}: cannot read ({err.strerror})") from None
+    finally:
+        os.close(fd)
+
+
+def named_files(settings, check=readable):
+    """[(rec, idx)] of the splits the settings name, each passing `check` (readable, or present: no byte read)."""
+    return [check(*data_paths(settings, train)) for train, path in ((True, settings.data_train),
+                                                                   (False, settings.data_val)) if path]
+
+
 def check_idx(rec, idx):
-    """Every .idx line is `key<TAB>offset` inside the .rec, found before DALI's reader meets it (an assertion).
-    `python -m rn50_mx.check` runs it, which the launchers run before any rank starts: reading ImageNet's 1.28M lines takes
-    seconds, which training itself does not spend."""
+    """The number of records the .idx lists, after checking that every line is `key<TAB>offset` inside the .rec and
+    that the records end where the .rec ends, found before DALI's reader meets them (an assertion, or part of the
+    data read in silence from an index cut short). `python -m rn50_mx.check` runs it, which the launchers run before
+    any rank starts, and training when it counts the records (no --num-examples): reading ImageNet's 1.28M lines
+    takes seconds, which the ImageNet configs' training (NUMEXAMPLES) does not spend, and reads no data before
+    run_start."""
     entries = sound_entries(rec, idx)
     size = os.path.getsize(rec)
     outside = next((key for key, offset in entries if not 0 <= offset < size), None)
     if outside is not None:
         raise InputError(f"{idx}: record {outside} starts past the end of {rec} ({size} bytes): the two files are "
                          "not one set")
+    if entries:
+        last_record_whole(rec, idx, size, *max(entries, key=lambda entry: entry[1]))
+    return len(entries)
+
+
+def last_record_whole(rec, idx, size, key, offset):
+    """The .rec's last record (at `offset`) starts with RecordIO's magic word and ends inside the file (the length
+    is the low 29 bits of the word after it; a record written in parts ends past its first part's end): a .rec cut
+    short (a copy or a pack that stopped) is one line here, not DALI's failure at its last batch of an epoch."""
+    fd = open_regular(rec)
+    try:
+        header = os.pread(fd, 8, offset)
+    except OSError as err:
+        raise InputError(f"{rec}: cannot read ({err.strerror})") from None
+    finally:
+        os.close(fd)
+    magic, word = (int.from_bytes(header[k:k + 4], "little") for k in (0, 4)) if len(header) == 8 else (0, 0)
+    if magic != RECORD_MAGIC:
+        raise InputError(f"{idx}: puts record {key} at byte {offset} of {rec}, where no record starts: the two files "
+                         "are not one set")
+    end = offset + 8 + -(-(word & ((1 << 29) - 1)) // 4) * 4  # a record's bytes are padded to a multiple of 4
+    if end > size:
+        raise InputError(f"{rec}: record {key} ends past the end of the file ({size} bytes): the file was cut short; "
+                         "copy or pack it again")
+    if end < size and word >> 29 == 0:  # a whole record (not the first part of a split one) ends the listed ones
+        raise InputError(f"{idx}: lists records up to byte {end} of {rec}'s {size}: the index was cut short (or the "
+                         ".rec holds records it does not list); pack the images again")
 
 
 def sound_entries(rec, idx):
@@ -72,11 +122,6 @@ def sound_entries(rec, idx):
         raise InputError(f"{idx}: {where}: {problem}; pack the images again (python -m rn50_mx.prep_rec verify "
                          f"{os.path.splitext(rec)[0]} checks a set)")
     return entries
-
-
-def count_records(rec, idx):
-    """Records listed by an .idx, every line checked, without opening the .rec."""
-    return len(sound_entries(rec, idx))
 
 
 def record_at(idx, offset):
@@ -131,8 +176,8 @@ def input_error(err, rec, idx):
         if record is None:
             return InputError(f"{rec}: a record does not decode (DALI: {cause}); {verify}")
         return BadRecord(f"{rec}: record {record} is not an image (DALI: {cause})", record)
-    if "fn.readers." in text:
-        return InputError(f"{rec}: {cause}; {verify}")
+    if "fn.readers." in text or rec in text or idx in text:  # a reader's, or one naming the files (reader_meta's)
+        return InputError(f"{idx if idx in text and rec not in text else rec}: {cause}; {verify}")
     return None
 
 
@@ -180,7 +225,7 @@ def train_samples(settings):
         return settings.num_examples
     if settings.synthetic and not settings.data_train:
         raise InputError("--synthetic: give --num-examples (or --data-train) to size the epoch")
-    return count_records(*rec_and_idx(settings, True))
+    return check_idx(*rec_and_idx(settings, True))
 
 
 def steps_per_epoch(settings, world, num_samples=None):
@@ -211,11 +256,11 @@ def check_files(settings):
     """The .rec/.idx pairs the settings name must be there, readable and sound, and the train set must hold a
     batch for every process, as training would find out after its start. Returns what was checked in words
     ("not checked: ..." when the settings name no data)."""
-    splits = [(train, path) for train, path in ((True, settings.data_train), (False, settings.data_val)) if path]
+    splits = named_files(settings)
     if not splits:
         return "not checked: no --data-train/--data-val (DATA_TRAIN/DATA_VAL) or DATADIR given"
-    for train, _ in splits:
-        check_idx(*rec_and_idx(settings, train))
+    for rec, idx in splits:
+        check_idx(rec, idx)
     if settings.data_train:  # the batch the processes of the run take from this train set
         steps_per_epoch(settings, settings.world_size)
-    return "found " + ", ".join(f"{path} and its .idx" for _, path in splits)
+    return "found " + ", ".join(f"{rec} and its .idx" for rec, _ in splits)

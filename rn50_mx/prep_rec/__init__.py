@@ -15,8 +15,8 @@ from .folders import list_images, pack, pack_train_val
 from .imagenet import pack_imagenet
 from .records import Item, Summary, read_lst, write_lst
 from .verify import read_idx, verify
-from .cli import main
+from .cli import main, parser
 
 __all__ = ["FASHION_MNIST_CLASSES", "Item", "Summary", "list_images", "load_fashion_mnist", "main",
-           "make_fashion_mnist", "pack", "pack_imagenet", "pack_train_val", "read_idx", "read_lst", "verify",
+           "make_fashion_mnist", "pack", "pack_imagenet", "pack_train_val", "parser", "read_idx", "read_lst", "verify",
            "write_fashion_mnist_jpegs", "write_lst"]

@@ -3,6 +3,7 @@ import argparse
 import signal
 import sys
 
+from .. import config
 from ..errors import run_cli
 from ..mlperf_rules import IMAGENET_CLASSES
 from .fashion_mnist import make_fashion_mnist
@@ -14,9 +15,9 @@ from .verify import verify
 PROG = "prep_rec"
 
 
-def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m rn50_mx.prep_rec",
-                                     description="Pack images into MXNet .rec/.idx files.")
+def parser():
+    """The packer's commands and options; an error is one line (config.Parser)."""
+    parser = config.Parser(prog="python -m rn50_mx.prep_rec", description="Pack images into MXNet .rec/.idx files.")
     commands = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--workers", type=positive, default=2, help="threads reading the files (default 2; imagenet: 8)")
@@ -61,7 +62,11 @@ def parse_args(argv):
     cmd = commands.add_parser("verify", parents=[common], help="check PREFIX.idx/.rec and decode every image")
     cmd.add_argument("prefix", help="PREFIX of PREFIX.rec and PREFIX.idx")
     cmd.add_argument("--num-classes", type=positive, help="labels must be below this")
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv):
+    return parser().parse_args(argv)
 
 
 def positive(text):

@@ -10,7 +10,7 @@ import numpy as np
 from PIL import Image
 
 from ..errors import InputError
-from ..files import write_atomically
+from ..files import os_error, write_atomically
 from .folders import pack_train_val
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
@@ -70,14 +70,17 @@ def make_fashion_mnist(out_dir, *, size=64, train_per_class=1000, val_per_class=
     request = dict(size=size, train_per_class=train_per_class, val_per_class=val_per_class)
     if is_complete(stamp, request):
         return None
-    if os.path.exists(stamp):  # the outputs are about to change
-        os.remove(stamp)
-    os.makedirs(out_dir, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".jpegs-") as raw:
-        write_fashion_mnist_jpegs("train", os.path.join(raw, "train"), size, train_per_class, root)
-        write_fashion_mnist_jpegs("test", os.path.join(raw, "val"), size, val_per_class, root)
-        # the stamp decides whether the files there are this request's: a different request replaces them
-        summaries = pack_train_val(raw, out_dir, workers=workers, progress=progress, force=True)
+    try:
+        if os.path.exists(stamp):  # the outputs are about to change
+            os.remove(stamp)
+        os.makedirs(out_dir, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out_dir, prefix=".jpegs-") as raw:
+            write_fashion_mnist_jpegs("train", os.path.join(raw, "train"), size, train_per_class, root)
+            write_fashion_mnist_jpegs("test", os.path.join(raw, "val"), size, val_per_class, root)
+            # the stamp decides whether the files there are this request's: a different request replaces them
+            summaries = pack_train_val(raw, out_dir, workers=workers, progress=progress, force=True)
+    except OSError as err:  # a file where the folder goes, a folder that cannot be written, a full disk
+        raise os_error(out_dir, err, "write") from None
     files = {name: os.path.getsize(os.path.join(out_dir, name))
              for name in sorted(os.listdir(out_dir)) if name.startswith(("train.", "val."))}
     write_atomically(stamp, json.dumps(dict(request=request, files=files), indent=1))

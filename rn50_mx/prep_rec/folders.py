@@ -21,7 +21,10 @@ def list_classes(src_dir):
     """The class folders of src_dir in sorted order, which is their label order."""
     if not os.path.isdir(src_dir):
         raise InputError(f"{src_dir}: no such directory")
-    names = sorted(entry.name for entry in os.scandir(src_dir) if is_folder(entry))
+    try:
+        names = sorted(entry.name for entry in os.scandir(src_dir) if is_folder(entry))
+    except OSError as err:
+        raise InputError(f"{src_dir}: cannot read ({err.strerror})") from None
     if not names:
         raise InputError(f"{src_dir}: no class folders (expected one sub-folder of images per class)")
     return names

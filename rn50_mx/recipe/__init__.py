@@ -44,7 +44,8 @@ BOUNDS = {"nodes": (1, 10_000, "nodes"), "gpus_per_node": (1, 64, "GPUs"),
 
 
 # --- command line ---------------------------------------------------------------------------------------------
-def parse_args(argv=None):
+def parser():
+    """The recipe's options."""
     parser = config.Parser(prog="python -m rn50_mx.recipe", description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, help="number of nodes (required unless --predict)")
     parser.add_argument("--gpus-per-node", type=int, required=True, help="GPUs per node")
@@ -74,7 +75,11 @@ def parse_args(argv=None):
                         help="closed: MLPerf's closed rules (default); open: the closed recipe plus the open-division "
                              "levers at the published open runs' values, logged and scored as open, written as "
                              "config/<NAME>_open.sh")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv=None):
+    args = parser().parse_args(argv)
     args.predict = node_counts(args.predict)
     if args.nodes is not None and args.predict:
         raise InputError(f"--nodes {args.nodes} with --predict {','.join(map(str, args.predict))}: --predict's list "

@@ -41,14 +41,19 @@ GPU_ONLY = ("kernel speed (images/s): the stand-in's figures are a CPU's",
 DIVERGES = "the config"  # the detail of a stage whose run found the config's loss diverging (stages.ConfigDiverges)
 
 
-def parse_args(argv):
+def parser():
+    """The rehearsal's own options (config.tool_parser: training's flags are handed on)."""
     parser = config.tool_parser("python -m rn50_mx.rehearse", __doc__)
     parser.add_argument("--ranks", type=int, default=2, help="processes standing in for the config's GPUs (default 2)")
     parser.add_argument("--quick", action="store_true", help="the whole run only: no stop and resume, evaluate, "
                         "self-test or tuner (CI rehearses every config's code path so)")
     parser.add_argument("--work", default="", help="folder of the rehearsal's data, logs and models (default: a "
                         "temporary folder, removed at the end)")
-    args, flags = parser.parse_known_args(argv)
+    return parser
+
+
+def parse_args(argv):
+    args, flags = parser().parse_known_args(argv)
     stages.checked_ranks(args.ranks)
     if args.work and (os.path.islink(args.work) or (os.path.exists(args.work) and not empty_folder(args.work))):
         raise InputError(f"--work {args.work}: must be a new or empty folder (the rehearsal's runs write there)")
@@ -63,7 +68,11 @@ def own_data(flags):
 
 
 def empty_folder(path):
-    return os.path.isdir(path) and not os.listdir(path)
+    """Whether `path` is an empty folder; one line when it cannot be listed."""
+    try:
+        return os.path.isdir(path) and not os.listdir(path)
+    except OSError as err:
+        raise InputError(f"--work {path}: cannot read ({err.strerror})") from None
 
 
 def rehearse(s, ranks, work, quick=False, own_data=False):

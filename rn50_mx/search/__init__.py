@@ -13,7 +13,6 @@ checkers), output (lines, table, picture, fragment). docs/search.md says when to
 """
 import os
 import re
-import socket
 
 from .. import children, config, files
 from ..errors import InputError
@@ -22,8 +21,8 @@ from . import launchers, output, space
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def parse_args(argv):
-    """(the search's own options, the rn50_mx.train flags left for config)."""
+def parser():
+    """The search's own options (config.tool_parser: training's flags are handed on)."""
     parser = config.tool_parser("python -m rn50_mx.search", __doc__)
     add = parser.add_argument
     add("--mode", choices=("closed", "open"), default="closed",
@@ -54,7 +53,12 @@ def parse_args(argv):
     add("--results", default="", help="folder of the study's runs, picture and lock (default results/search/STUDY)")
     add("--out", default=os.path.join(ROOT, "config"), help="folder of the fragment (config/)")
     add("--dry-run", action="store_true", help="print the plan and its cost; run nothing (no data needed)")
-    args, rest = parser.parse_known_args(argv)
+    return parser
+
+
+def parse_args(argv):
+    """(the search's own options, the rn50_mx.train flags left for config)."""
+    args, rest = parser().parse_known_args(argv)
     # Seeds: each trial's and each study's finals take 16 in a row (driver.py), so at most 16 per trial and per set.
     for name, low, high in (("trials", 1, 10_000), ("seeds_per_trial", 1, 16), ("finalists", 0, 100),
                             ("final_seeds", 1, 16), ("parallel", 1, 1024)):
@@ -138,15 +142,9 @@ def hold_lock(args):
         os.makedirs(args.results, exist_ok=True)
     except OSError as err:
         raise files.os_error(args.results, err, "create") from None
-    path = lock_path(args)
-    fd = files.try_lock(path, f"--storage {args.storage}" if args.storage.startswith("sqlite:///") else None)
-    if fd is None:
-        with open(path) as f:
-            raise InputError(f"study {args.study!r}: another driver runs it ({f.read().strip() or 'unknown'}); "
-                             "one driver writes a study")
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
-    return fd
+    said = f"--storage {args.storage}" if args.storage.startswith("sqlite:///") else None
+    return files.noted_lock(lock_path(args), lambda note: f"study {args.study!r}: another driver runs it ({note}); "
+                            "one driver writes a study", said)
 
 
 def search(s, args, knobs):
@@ -164,9 +162,9 @@ def search(s, args, knobs):
         study = open_study(args, knobs, s)
         driver.check_study(study, f"{args.storage}: study {args.study!r}", knobs)
         trials_there = output.trials_folder(args.results, args.study)
-        if not study.get_trials(deepcopy=False) and os.path.isdir(trials_there) and os.listdir(trials_there):
+        if not study.get_trials(deepcopy=False) and output.holds_runs(trials_there):
             raise output.earlier_runs(trials_there, args.study)
-        record = finals.Record(study, args)
+        record = finals.Record(study, args, s, knobs)
         record.end_orphans()  # before any trial: a finalist left going holds the devices
         loop = driver.Driver(s, args, knobs, study, args.results)
         try:

@@ -20,9 +20,11 @@ def final_seeds(study, count):
 
 def check_study(study, where, knobs):
     """Every value of the study's trials a driver reads, as this search writes it: each trial's run records (what a
-    later driver ends), its eval curves (what runs are pruned against, and drawn) and a finished trial's values of
-    the knobs. The database may be another's: anything else is one line naming the study and the trial, before any
-    trial runs or any signal is sent (a curve [[1]] was a TypeError mid-study, with a trial left training)."""
+    later driver ends), its eval curves (what runs are pruned against, and drawn), a finished trial's values of the
+    knobs, and the values each trial holds or is queued with (Optuna's fixed_params: what the next ask runs). The
+    database may be another's: anything else is one line naming the study and the trial, before any trial runs or
+    any signal is sent (a curve [[1]] was a TypeError mid-study, with a trial left training; fixed_params
+    {"EVAL_OFFSET": "abc"} a ValueError from study.ask at every later driver)."""
     import optuna
 
     envs = {k.env for k in knobs}
@@ -40,6 +42,11 @@ def check_study(study, where, knobs):
         if t.state == optuna.trial.TrialState.COMPLETE and set(t.params) != envs:
             raise InputError(f"{at}: a finished trial of {sorted(t.params)}, not of the knobs {sorted(envs)}; this "
                              "search did not write it")
+        for what, point in (("its values", t.params), ("the values it is queued with", t.system_attrs.get(
+                "fixed_params", {}))):
+            problem = space.point_problem(point, knobs)
+            if problem:
+                raise InputError(f"{at}: {what}: {problem}; this search did not write them")
 
 
 def is_eval(point):
@@ -98,12 +105,12 @@ class Driver:
         for t in left:  # every record, and Slurm's commands for a job, checked before anything is ended
             launchers.check_ending(t.user_attrs.get("runs", []), self.where(t))
         for t in left:
-            for record in t.user_attrs.get("runs", []):
-                launchers.end_recorded(record, self.where(t), output.trial_path(self.folder, self.args.study, t.number))
+            folder = output.trial_path(self.folder, self.args.study, t.number)
+            done = [launchers.end_recorded(record, self.where(t), folder) for record in t.user_attrs.get("runs", [])]
             self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
             self.study.enqueue_trial(t.params or t.system_attrs.get("fixed_params", {}), skip_if_exists=False)
-            print(f"search: trial {t.number} was running when the last driver stopped: its processes ended, "
-                  "queued again", flush=True)
+            print(f"search: trial {t.number} was running when the last driver stopped: "
+                  f"{'; '.join(dict.fromkeys(done)) or 'no run had started'}, queued again", flush=True)
         if self.args.launcher == "slurm":
             launchers.end_unrecorded_jobs(launchers.job_name(self.args.results, self.args.study))
 

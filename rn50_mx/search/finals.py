@@ -21,13 +21,14 @@ class Record:
     """The finals' runs in the study (its user attribute "finals"), as the trials' are: each started run's set
     values, seed, folder, launcher and launcher record, and whether a driver saw it end. A driver killed during the
     finals leaves a run going and its log half written: the next driver ends it (launchers.end_recorded: only while
-    it is provably the run's, a process of it naming the run's folder) and runs it again; a run that ended under a driver is scored from its log, not
-    run again."""
+    it is provably the run's, a process of it naming the run's folder) and runs it again; a run that ended under a
+    driver is scored from its log, not run again, once the log's own seed and settings are the run's
+    (trials.log_problem: a log planted in a finalist's folder was scored as that finalist's)."""
 
     KEYS = {"set", "params", "seed", "folder", "launcher", "record", "ended"}
 
-    def __init__(self, study, args):
-        self.study, self.runs = study, study.user_attrs.get("finals", [])
+    def __init__(self, study, args, s, knobs):
+        self.study, self.runs, self.knobs = study, study.user_attrs.get("finals", []), knobs
         self.where = f"{args.storage}: study {args.study!r}, finals"
         parent = output.finals_parent(args.results, args.study)
         if not isinstance(self.runs, list) or not all(self.usable(run, parent) for run in self.runs):
@@ -42,14 +43,23 @@ class Record:
                 raise InputError(f"{self.where}: the log {log} of finalist {run['set']} seed {run['seed']}, which "
                                  "ended under an earlier driver, is not there to score; restore it, or give another "
                                  "--study")
+            if run["ended"]:
+                why = trials.log_problem(log, trials.Run(space.apply(s, run["params"], knobs), run["folder"],
+                                                         run["seed"], run["launcher"]).s)
+                if why:
+                    raise InputError(f"{self.where}: the log {log} of finalist {run['set']} seed {run['seed']}, which "
+                                     f"ended under an earlier driver, is not that run's ({why}); a finalist scores "
+                                     "its own log only: restore it, or give another --study")
 
     def usable(self, run, parent):
-        """Whether `run`, read back from the study, is what started() writes: the folder it names is scored, so it
-        must be PARENT/N/SET, N digits and SET the run's set, and lie there really (no '..', no planted link)."""
-        if not (isinstance(run, dict) and set(run) == self.KEYS and isinstance(run["params"], dict)
-                and isinstance(run["set"], str) and launchers.is_count(run["seed"], 0)
-                and run["launcher"] in launchers.KINDS and isinstance(run["ended"], bool)
-                and isinstance(run["folder"], str)):
+        """Whether `run`, read back from the study, is what started() writes: values of every knob, each in its range;
+        the folder it names is scored, so it must be PARENT/N/SET, N digits and SET the run's set, and lie there
+        really (no '..', no planted link)."""
+        if not (isinstance(run, dict) and set(run) == self.KEYS and isinstance(run["set"], str)
+                and space.point_problem(run["params"], self.knobs) is None
+                and set(run["params"]) == {k.env for k in self.knobs}
+                and launchers.is_count(run["seed"], 0) and run["launcher"] in launchers.KINDS
+                and isinstance(run["ended"], bool) and isinstance(run["folder"], str)):
             return False
         sub = set_folder(run["set"])
         shape = re.fullmatch(re.escape(parent) + r"/(\d+)/" + re.escape(sub), run["folder"])
@@ -63,9 +73,9 @@ class Record:
         """End and forget the runs a killed driver left going."""
         orphans = [run for run in self.runs if not run["ended"]]
         for run in orphans:
-            launchers.end_recorded(run["record"], self.where, run["folder"])
-            print(f"search: finalist {run['set']} seed {run['seed']} was running when the last driver stopped: its "
-                  "processes ended, run again", flush=True)
+            done = launchers.end_recorded(run["record"], self.where, run["folder"])
+            print(f"search: finalist {run['set']} seed {run['seed']} was running when the last driver stopped: {done}, "
+                  "run again", flush=True)
         if orphans:
             self.runs = [run for run in self.runs if run["ended"]]
             self.save()

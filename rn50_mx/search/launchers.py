@@ -8,6 +8,7 @@ record is kept (`go`): a process group waits at a gate that a dead driver's clos
 submitted held, so that a driver killed in between leaves nothing running."""
 import contextlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -85,7 +86,9 @@ class Group:
     def __init__(self, command, out, env=None):
         gate, self.gate = os.pipe()
         try:
-            with open(out, "x") as f:  # new: a run's output is its own
+            with open(out, "x") as f:  # new: a run's output is its own; its first line, its command, says there is room
+                f.write(shlex.join(command) + "\n")
+                f.flush()
                 self.proc = children.start(["sh", "-c", GATE, "gate", *command], stdin=gate, stdout=f,
                                            stderr=subprocess.STDOUT, cwd=ROOT, env=env)
         except OSError as err:
@@ -233,12 +236,14 @@ def check_ending(records, where):
 def end_recorded(record, where, folder):
     """End what a killed driver's run left, from its record (check_ending's, `where` naming it): a process group (only
     while it is provably the run's, a process of it naming the run's `folder`: children.stop_recorded_group), or a
-    Slurm job."""
+    Slurm job. What was done, in words for the caller's line: "its processes ended", or that they were left alone
+    (a group that is not provably the run's, said in a line here)."""
     check_ending([record], where)
     kind, ident, *started = record
-    if kind == "pgid":
-        if not children.stop_recorded_group(ident, started[0], folder):
-            print(f"search: process group {ident} is not provably the recorded run's (its leader started at another "
-                  f"time, or none of its processes names {folder}): left alone", flush=True)
-    else:
+    if kind == "pgid" and not children.stop_recorded_group(ident, started[0], folder):
+        print(f"search: process group {ident} is not provably the recorded run's (its leader started at another "
+              f"time, or none of its processes names {folder}): left alone", flush=True)
+        return "its recorded process group was left alone (above)"
+    if kind == "job":
         end_job(ident)
+    return "its processes ended"

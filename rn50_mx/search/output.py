@@ -4,7 +4,7 @@ import datetime
 import os
 
 from ..errors import InputError
-from ..files import os_error, remove_quietly, temp_name, write_atomically
+from ..files import os_error, remove_quietly, special_kind, temp_name, write_atomically
 from . import space
 
 
@@ -19,10 +19,22 @@ def earlier_runs(folder, study):
                       "logs it writes: give another --results or --study")
 
 
+def holds_runs(folder):
+    """Whether `folder` is a folder with something in it; one line when it cannot be listed."""
+    try:
+        return os.path.isdir(folder) and bool(os.listdir(folder))
+    except OSError as err:
+        raise os_error(folder, err, "read") from None
+
+
 def made_folder(path):
-    """The folder `path`, made if missing, never a symlink: a link planted there would send the runs elsewhere."""
+    """The folder `path`, made if missing, never a symlink: a link planted there would send the runs elsewhere;
+    anything else but a folder there is one line too (a FIFO sent finals_folder through a million names)."""
     if os.path.islink(path):
         raise InputError(f"{path}: a symlink; the search keeps its runs in a folder of its own there")
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise InputError(f"{path}: {special_kind(os.lstat(path).st_mode)}, not a folder; the search keeps its runs in "
+                         "a folder of its own there")
     os.makedirs(path, exist_ok=True)
 
 

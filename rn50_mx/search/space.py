@@ -134,6 +134,23 @@ def check_start(params, knobs, mode):
                                                                           if knob.lattice else ""))
 
 
+def point_problem(point, knobs):
+    """Why `point`, values read back from a study (a trial's, or the fixed ones a queued trial is asked with), is not
+    a point of the knobs' space, or None. The database may be another's: a value planted there would reach a run, or
+    fail in Optuna's ask at every later driver (a ValueError traceback)."""
+    if not isinstance(point, dict):
+        return f"{point!r:.100} is not a {{knob: value}}"
+    by_env = {k.env: k for k in knobs}
+    for env, value in point.items():
+        knob = by_env.get(env)
+        if knob is None:
+            return f"{env!r:.40} is not one of the knobs {sorted(by_env)}"
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                and knob.holds(value) and (not knob.integer or value == int(value))):
+            return f"{env}={value!r:.40} is not a value of --knob {env}={knob.low:g}:{knob.high:g}"
+    return None
+
+
 def planned(best, knobs, phase):
     """The points of the plan's phase `phase` (one of `phases`) around the best params so far: one knob moved at a
     time, kept in its range."""

@@ -57,6 +57,32 @@ class Run:
         self.started.stop()
 
 
+def log_problem(log, s):
+    """Why the MLPerf log at `log` is not the log of a run of settings `s`, or None: its own seed line, its
+    hyperparameter lines (what training logs of `s`: mlperf_log.hyperparameter_events, the open levers) and the
+    epochs of its evals (the eval schedule of `s`) against the settings. A log is read from a folder others may
+    write; one of another seed or other settings is another run's."""
+    from .. import mlperf_log
+    from ..train import eval_epochs
+
+    try:
+        lines, _ = timing.parse_log(log, "1.0.0")
+    except (InputError, OSError) as err:
+        return str(err)
+    first = {}
+    for line in lines:
+        first.setdefault(line.key, line.value.get("value"))
+    expected = [("seed", s.seed), *mlperf_log.hyperparameter_events(s), *config.open_levers(s).items()]
+    wrong = next(((key, value) for key, value in expected if key not in first or first[key] != value), None)
+    if wrong:
+        key, value = wrong
+        return f"{f'its {key} is {first[key]!r}' if key in first else f'it logs no {key}'}, the run's {value!r}"
+    scheduled = {epoch + 1 for epoch in eval_epochs(s)}
+    evaluated = [(line.value["metadata"] or {}).get("epoch_num") for line in lines if line.key == "eval_accuracy"]
+    off = [epoch for epoch in evaluated if epoch not in scheduled]
+    return f"it evaluates epoch {off[0]!r}, off the run's eval schedule" if off else None
+
+
 def epochs_to_target(run, s):
     """MLPerf's measure: the epoch whose eval reached the target (run_stop success); the horizon plus PENALTY for a
     run that missed it (or stopped before it)."""

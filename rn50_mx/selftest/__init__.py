@@ -26,7 +26,8 @@ from .report import Row, attempt, table
 from .stack import stack_rows, topology
 
 
-def parse_args(argv):
+def parser():
+    """The self-test's own options (config.tool_parser: training's flags are handed on)."""
     parser = config.tool_parser("python -m rn50_mx.selftest", __doc__)
     parser.add_argument("--stack-only", action="store_true",
                         help="only the stack: versions, build features, whether MXNet runs a kernel on each GPU, and "
@@ -36,7 +37,11 @@ def parse_args(argv):
     parser.add_argument("--ranks", type=int, default=0, help="processes for the allreduce check (0: one per GPU)")
     parser.add_argument("--steps", type=int, default=8, help="timed training steps per data source")
     parser.add_argument("--allreduce-worker", action="store_true", help=argparse.SUPPRESS)
-    args, flags = parser.parse_known_args(argv)
+    return parser
+
+
+def parse_args(argv):
+    args, flags = parser().parse_known_args(argv)
     # bounded by the machine before anything starts: one process per CPU at most (horovodrun -np 10000 otherwise)
     if not 0 <= args.ranks <= os.cpu_count():
         raise InputError(f"--ranks={args.ranks}: must be 0 to {os.cpu_count()} (the CPUs of this machine)")

@@ -21,8 +21,8 @@ from . import output, space
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def parse_args(argv):
-    """(the tuner's own options, the rn50_mx.train flags left for config)."""
+def parser():
+    """The tuner's own options (config.tool_parser: training's flags are handed on)."""
     parser = config.tool_parser("python -m rn50_mx.tune", __doc__)
     parser.add_argument("--budget", type=float, default=10.0, help="minutes the search may take (default 10)")
     parser.add_argument("--target", type=float, default=0.98, help="stop at this real/synthetic (default 0.98)")
@@ -33,7 +33,12 @@ def parse_args(argv):
                         help="also search DALI_RESIZE_ANTIALIAS, which changes the images training sees")
     parser.add_argument("--out", default=os.path.join(ROOT, "config"), help="folder of the fragment (config/)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args, rest = parser.parse_known_args(argv)
+    return parser
+
+
+def parse_args(argv):
+    """(the tuner's own options, the rn50_mx.train flags left for config)."""
+    args, rest = parser().parse_known_args(argv)
     if args.budget < 0 or args.rounds < 1 or args.steps < 1:
         raise InputError("--budget must be >= 0, --rounds and --steps >= 1")
     return args, rest
