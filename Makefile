@@ -145,11 +145,22 @@ CPU_BASE_KEY := $(shell { { echo '$(subst ','\'',$(HOROVOD_KEY) $(CPU_BASE_PACKA
 CPU_BASE  := rn50-mx-cpu-base:$(CPU_BASE_KEY)
 CPU_BASE_TAR := $(CACHE)/cpu-base-$(CPU_BASE_KEY).tar
 
+# One build at a time writes the cache (a second waits for the lock, then finds the base there), so the bases of other
+# inputs and what a killed build left (a temporary base, mmdebstrap's work folder) are removed first. The build is
+# tied to make (rn50_mx/launch.sh): a SIGTERM, a Ctrl-C or a SIGKILL of make ends mmdebstrap and all it started
+# within seconds (SIGKILL STOP_GRACE s after SIGTERM), and its temporary base and work folder (TMPDIR: the new root
+# file system) go with them.
 $(CPU_BASE_TAR): | $(HOROVOD_WHEEL_DIR) /usr/bin/mmdebstrap
-	rm -f $(CACHE)/cpu-base-????????????????.tar  # the bases of other inputs (not another build's temporary file)
-	mkdir -p $(CACHE) && tmp=$$(mktemp $@.tmp-XXXXXX.tar) && \
-	  { mmdebstrap --quiet --variant=minbase --include=$(CPU_BASE_PACKAGES) $(CPU_BASE_HOOKS) bookworm $$tmp || \
-	    { rm -f $$tmp; exit 1; }; } && mv $$tmp $@
+	mkdir -p -- "$(CACHE)"
+	source "$(CURDIR)/rn50_mx/launch.sh" && LAUNCHER="make image-cpu" STOP_GRACE=5 && tie_to "$$PPID" && \
+	  { hold_lock "$(CACHE)/cpu-base.lock" wait || die "$(CACHE): cannot write the cache"; } && \
+	  if [[ -e "$@" ]]; then exit 0; fi && \
+	  rm -rf --one-file-system -- "$(CACHE)"/cpu-base-????????????????.tar "$(CACHE)"/cpu-base-*.tar.tmp-* \
+	    "$(CACHE)"/cpu-base.work-* && \
+	  tmp=$$(mktemp -- "$@.tmp-XXXXXX.tar") && work=$$(mktemp -d -- "$(CACHE)/cpu-base.work-XXXXXX") && \
+	  trap 'rm -rf --one-file-system -- "$$tmp" "$$work"' EXIT && \
+	  TMPDIR=$$work run_in_group mmdebstrap --quiet --variant=minbase --include=$(CPU_BASE_PACKAGES) \
+	    $(CPU_BASE_HOOKS) bookworm "$$tmp" && mv -- "$$tmp" "$@"
 
 # The base's hash (tests/support/engine.py names its saved image by it and the Dockerfile's context).
 cpu-base-key:

@@ -28,9 +28,10 @@
 # node (the reference's bind.sh --cpu=exclusive bound by rank order); without numactl the ranks run unbound.
 set -euo pipefail
 
-SELF=$(readlink -f "${BASH_SOURCE[0]}")
-# shellcheck source=rn50_mx/exit_codes.sh
-source "${SELF%/*}/rn50_mx/exit_codes.sh"
+SELF=$(readlink -f -- "${BASH_SOURCE[0]}")
+LAUNCHER=run_and_time.sh
+# shellcheck source=rn50_mx/launch.sh
+source "${SELF%/*}/rn50_mx/launch.sh"
 
 # --- one rank: bind it, then exec the training command ------------------------------------------------------
 
@@ -71,12 +72,16 @@ fi
 
 # --- the timed run ---------------------------------------------------------------------------------------
 
+# Run on its own (not by a launcher, which ties it already), nothing it starts outlives it (rn50_mx/launch.sh).
+[[ -n "${RN50MX_LAUNCH:-}" ]] || tie_launch "" "$@"
+
 : "${DATADIR:?set DATADIR to the folder holding train.rec/.idx and val.rec/.idx}"
 : "${DGXNGPU:?source a config/<SYSTEM>.sh first (DGXNGPU is unset)}"
 # Only global rank 0 prints the timing lines and the settings (srun runs this script once per task).
 [[ "${SLURM_PROCID:-0}" == 0 ]] && leader=1 || leader=0
 say() { if [[ "$leader" == 1 ]]; then echo "$@"; fi; }
 
+DATADIR=$(absolute DATADIR)  # a name that starts with '-' is no flag of the training's
 start=$(date +%s)
 start_fmt=$(date +%Y-%m-%d\ %r)
 say "STARTING TIMING RUN AT ${start_fmt}"
@@ -147,39 +152,35 @@ wait "$launcher" || status=$?
 while kill -0 "$filter" 2>/dev/null; do wait "$filter" || true; done
 trap - TERM INT USR1
 
-# The value of the MLPerf event `key` ($1) in this run's lines, or nothing (the first one; `status` ($1 =
-# run_stop) reads its metadata status).
-mllog_value() {
-    local pattern='"value": ([^,]*)'
-    [[ "$1" == run_stop ]] && pattern='"status": "([a-z_]*)"'
-    { grep -E "^:::MLLOG .*\"key\": \"$1\"" "$stream" || true; } | head -n 1 | sed -nE "s/.*${pattern}.*/\1/p"
-}
-
+# This run's outcome, from its MLPerf lines and the training's status (rn50_mx/launch.sh's run_outcome), said in one
+# line and given as the exit status: 75, 78 and 79 only with their lines (a training that exits 75 without writing
+# its checkpoint has failed).
 if [[ "$leader" == 1 ]]; then
-    stopped_as=$(mllog_value run_stop)
-    if [[ -n "$(mllog_value resumable_stop)" ]]; then
-        echo "run_and_time.sh: stopped, resumable (checkpoint $(mllog_value resumable_stop))" >&2
-        exit "$RESUMABLE_EXIT"
-    elif [[ "$stopped_as" != success && -n "$(mllog_value diverged)" ]]; then  # run_stop success is the verdict
-        echo "run_and_time.sh: the loss diverged ($(mllog_value diverged)): the settings that set the step size" \
-             "do not train; training stopped there (run_stop aborted)" >&2
-        exit "$DIVERGED_EXIT"
-    elif [[ "$stopped_as" == success && "$status" != 0 ]]; then
-        echo "run_and_time.sh: training exited with code ${status} after run_stop success (a process hung on its" \
-             "way out and was ended by its exit alarm): the run is complete" >&2
-        status=0
-    elif [[ "$stopped_as" == aborted && "$status" == 0 ]]; then
-        echo "run_and_time.sh: the run ended without reaching the target (run_stop aborted): a trial that did not" \
-             "converge" >&2
-        exit "$MISSED_EXIT"
-    elif [[ "$stopped_as" != success ]]; then
-        echo "run_and_time.sh: training failed (exit code ${status}; run_stop ${stopped_as:-missing})" >&2
-        exit $(( status == 0 ? 1 : status ))
-    fi
+    lines=$(mllog_lines "$stream")
+    outcome=$(run_outcome "$status" "$lines")
+    stopped_as=$(mllog_value "$lines" run_stop)
+    case "$outcome" in
+        resumable) echo "run_and_time.sh: stopped, resumable (checkpoint $(mllog_value "$lines" resumable_stop))" >&2 ;;
+        diverged) echo "run_and_time.sh: the loss diverged ($(mllog_value "$lines" diverged)): the settings that set" \
+                       "the step size do not train; training stopped there (run_stop aborted)" >&2 ;;
+        stalled) echo "run_and_time.sh: training stalled ($(mllog_value "$lines" stalled)): a rank made no progress;" \
+                      "training stopped there (run_stop aborted)" >&2 ;;
+        missed) echo "run_and_time.sh: the run ended without reaching the target (run_stop aborted): a trial that" \
+                     "did not converge" >&2 ;;
+        success) if [[ "$status" != 0 ]]; then
+            echo "run_and_time.sh: training exited with code ${status} after run_stop success (a process hung on its" \
+                 "way out and was ended by its exit alarm): the run is complete" >&2
+        fi ;;
+        failed)
+            echo "run_and_time.sh: training failed (exit code ${status}; run_stop ${stopped_as:-missing})" >&2
+            if claims_outcome "$status"; then status=1; fi ;;  # 0, 75, 78 or 79 without its line
+    esac
+    [[ "$outcome" == failed ]] || status=$(outcome_status "$outcome")
+    (( status == 0 )) || exit "$status"
 elif (( status == 142 )); then  # another task under srun: 128 + SIGALRM, the exit alarm after run_stop
     status=0
-elif (( status == RESUMABLE_EXIT || status == DIVERGED_EXIT )); then  # another task under srun, stopped with
-    exit "$status"                                                       # the leader (which says why)
+elif (( status == RESUMABLE_EXIT || status == DIVERGED_EXIT || status == STALLED_EXIT )); then  # another task under
+    exit "$status"                                     # srun, stopped with the leader (which says why; the loop checks)
 fi
 if (( status != 0 )); then
     echo "run_and_time.sh: training failed with exit code ${status}" >&2

@@ -4,8 +4,10 @@
 #   source config/NF5688M6.sh
 #   CONT=<image built from ./Dockerfile> DATADIR=/raid/imagenet-rec LOGDIR=$PWD/results ./run_with_docker.sh
 # With CONT set, each trial runs run_and_time.sh in a fresh container with all GPUs, the host's IPC and network,
-# DATADIR mounted at /data and LOGDIR at /results. Without CONT it runs on this machine, DATADIR as it is, with
-# `python` and `horovodrun` from PATH: the CPU path of `make demo` and CI.
+# DATADIR mounted at /data and LOGDIR at /results; CONT is resolved once, before any trial, to its image ID, which
+# every container of the launch runs and never pulls. Without CONT it runs on this machine, DATADIR as it is, with
+# `python` and `horovodrun` from PATH: the CPU path of `make demo` and CI. However the launcher ends (SIGKILL too),
+# nothing of its launch runs 10 s later, processes or containers (rn50_mx/launch.sh: names, tying, outcomes).
 #
 # DGXSYSTEM  set by the config; config/<DGXSYSTEM>_tuned.sh (python -m rn50_mx.tune), then _hparams.sh (python -m
 #            rn50_mx.search), are sourced after it when there (trials.sh's source_fragments: an export after the
@@ -28,20 +30,18 @@
 #            export every value).
 set -euo pipefail
 
-HERE=$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")
+HERE=$(dirname "$(readlink -f -- "${BASH_SOURCE[0]}")")
 LAUNCHER=run_with_docker.sh
 # shellcheck source=trials.sh
 source "${HERE}/trials.sh"
+tie_launch "${CONT:+containers}" "$@"  # nothing of this launch outlives it (rn50_mx/launch.sh)
+check_names
 
-: "${DGXSYSTEM:?source a config/<SYSTEM>.sh first}"
+[[ -n "${DGXSYSTEM:-}" ]] || die "DGXSYSTEM is not set: source a config/<SYSTEM>.sh first"
 CONFIG="${HERE}/config/${DGXSYSTEM}.sh"
-[[ -f "$CONFIG" ]] || die "DGXSYSTEM=${DGXSYSTEM}: no ${CONFIG}"
+[[ -f "$CONFIG" ]] || die "$(named DGXSYSTEM): no $(shown "$CONFIG")"
 source_fragments "$CONFIG"
-trial_settings "$PWD/results"
-# readlink -f needs the folder, and docker -v would create a missing one (owned by root).
-[[ -d "$DATADIR" ]] || die "DATADIR=${DATADIR}: no such folder"
-DATADIR=$(readlink -f "$DATADIR")
-LOGDIR=$(readlink -f "$LOGDIR")
+launch_settings "$PWD/results"
 
 # The names config/<DGXSYSTEM>.sh exports, as the reference computes them.
 config_names() {
@@ -65,38 +65,57 @@ names_set_here() {
 
 # Before any trial, one line for a folder docker cannot mount, an engine that does not answer, an image it does not
 # have, a DATADIR the launching user cannot read (the containers run as that user, with the same groups; the check in
-# the container would name only /data).
+# the container would name only /data). CONT is resolved here, once, to the image's ID (IMAGE_ID), which every
+# container of the launch runs: a `docker tag` or `docker rmi` of CONT meanwhile changes nothing, and nothing is pulled.
 check_container() {
-    local folder
-    for folder in "DATADIR=${DATADIR}" "LOGDIR=${LOGDIR}"; do  # docker run -v SOURCE:TARGET splits at every ':'
-        [[ "${folder#*=}" != *:* ]] || die "${folder}: a ':' in the path, which docker run -v cannot mount: rename" \
-            "the folder or give another"
+    local name
+    for name in DATADIR LOGDIR; do  # docker run -v SOURCE:TARGET splits at every ':'
+        [[ "${!name}" != *:* ]] || die "$(named "$name"): a ':' in the path, which docker run -v cannot mount:" \
+            "rename the folder or give another"
     done
-    docker version >/dev/null 2>&1 || die "CONT=${CONT}: the Docker engine does not answer" \
-        "(DOCKER_HOST=${DOCKER_HOST:-unset}): start it, or unset CONT to run on this machine"
-    docker image inspect "$CONT" >/dev/null 2>&1 || die "CONT=${CONT}: the engine has no such image: build it" \
-        "(docker build -t ${CONT} . ; the CPU image: make image-cpu)"
-    [[ -r "$DATADIR" && -x "$DATADIR" ]] || die "DATADIR=${DATADIR}: not readable by the launching user, who the" \
+    docker version >/dev/null 2>&1 || die "$(named CONT): the Docker engine does not answer" \
+        "(DOCKER_HOST=$(shown "${DOCKER_HOST:-unset}")): start it, or unset CONT to run on this machine"
+    IMAGE_ID=$(docker image inspect --format '{{.Id}}' -- "$CONT" 2>/dev/null) || true
+    [[ "$IMAGE_ID" =~ ^sha256:[0-9a-f]{64}$ ]] || die "$(named CONT): the engine has no such image: build it" \
+        "(docker build -t $(shown "$CONT") . ; the CPU image: make image-cpu)"
+    [[ -r "$DATADIR" && -x "$DATADIR" ]] || die "$(named DATADIR): not readable by the launching user, who the" \
         "containers run as"
+}
+
+# The names to hand on to the containers, asked of the image (the host may not have rn50_mx): also the check that the
+# image runs rn50_mx at all, one line naming CONT when it does not.
+image_env_names() {
+    local names errors
+    errors=$(mktemp)
+    if ! names=$("${DOCKER_RUN[@]}" "$IMAGE_ID" python -m rn50_mx.check --env-names 2>"$errors"); then
+        die "$(named CONT) (image ${IMAGE_ID}): cannot run python -m rn50_mx.check ($(tail -n 1 -- "$errors"));" \
+            "build it from this repository's Dockerfile"
+    fi
+    rm -f -- "$errors"
+    echo "$names"
 }
 
 if [[ -n "${CONT:-}" ]]; then
     check_container
+fi
+own_logs
+
+if [[ -n "${CONT:-}" ]]; then
     # The containers run as the launching user, so that what they write (checkpoints, plots, configs) is that user's,
     # with that user's supplementary groups (a DATADIR readable through a group; `--user` alone gives the primary
     # one) and a HOME that user can write (horovodrun keeps a cache there; the image's passwd may not know the user).
-    # Each carries the label LAUNCH_LABEL, by which on_stop_timeout finds them.
+    # Each runs IMAGE_ID, never pulled, and carries the label LAUNCH_LABEL, by which tie_launch's watcher and a
+    # stopped trial's timeout find it (a killed `docker run` client leaves its container running).
     # A CPU config gets no GPU, nor the unlimited locked memory that the GPU's pinned buffers need (an engine without
     # CAP_SYS_RESOURCE cannot grant it).
-    LAUNCH_LABEL="rn50-mx.launch=${DATESTAMP}.$$"
-    DOCKER_RUN=(docker run --rm --init --label "$LAUNCH_LABEL" --user "$(id -u):$(id -g)" --env HOME=/tmp)
+    DOCKER_RUN=(docker run --rm --init --pull never --label "$LAUNCH_LABEL" --user "$(id -u):$(id -g)" --env HOME=/tmp)
     for gid in $(id -G); do
         [[ "$gid" == "$(id -g)" ]] || DOCKER_RUN+=(--group-add "$gid")
     done
     gpu_flags=(--gpus all)
     gpu_limits=(--ulimit memlock=-1)
     if [[ "${DEVICE:-cpu}" != gpu ]]; then
-        echo "${LAUNCHER}: DEVICE=${DEVICE:-cpu}: the containers get no GPU (no --gpus all, no --ulimit memlock=-1)"
+        echo "${LAUNCHER}: $(named DEVICE): the containers get no GPU (no --gpus all, no --ulimit memlock=-1)"
         gpu_flags=() gpu_limits=()
     fi
     DOCKER_RUN+=(
@@ -105,13 +124,15 @@ if [[ -n "${CONT:-}" ]]; then
     )
     # The variables handed on (see DGXSYSTEM above) and the launcher's own. What rn50_mx reads is asked of the
     # image: the host may not have the package.
-    env_names=$("${DOCKER_RUN[@]}" "$CONT" python -m rn50_mx.check --env-names)
+    env_names=$(image_env_names)
     mapfile -t env_names <<<"$env_names"
     mapfile -t forwarded < <({ config_names; names_set_here "${env_names[@]}"; } | sort -u)
     for name in "${forwarded[@]}" SEED CACHE_CLEARED; do
         DOCKER_RUN+=(--env "$name")
     done
     DOCKER_RUN+=(--env DATADIR=/data)
+    RUNS_IMAGE="${IMAGE_ID} ($(named CONT))"
+    echo "${LAUNCHER}: every container of this launch runs image ${RUNS_IMAGE}"
     DATA_SEEN_AS=/data
     LOGS_SEEN_AS=/results
     RUN_AND_TIME=./run_and_time.sh
@@ -124,21 +145,13 @@ fi
 # Runs a command on this machine, or in the container when CONT is set.
 run_tool() {
     if [[ -n "${CONT:-}" ]]; then
-        "${DOCKER_RUN[@]}" "$CONT" "$@"
+        "${DOCKER_RUN[@]}" "$IMAGE_ID" "$@"
     else
         "$@"
     fi
 }
 
 run_trial() { run_tool "$RUN_AND_TIME"; }
-
-# A stopped trial still running STOP_GRACE seconds after the signal (trials.sh) is killed: its containers too, which a
-# killed `docker run` would leave running.
-on_stop_timeout() {
-    if [[ -n "${CONT:-}" ]]; then
-        docker ps -q --filter "label=${LAUNCH_LABEL}" | xargs -r docker kill >/dev/null 2>&1 || true
-    fi
-}
 
 # Drops the page cache so that each trial reads the data from disk (MLPerf rules); fails when not permitted.
 drop_caches() {

@@ -72,3 +72,23 @@ def stopped_checkpoints(tmp_path_factory):
     assert result.returncode == 0, result.stderr[-2000:]
     os.remove(folder / "finished")
     return str(folder)
+
+
+@pytest.fixture(scope="session")
+def docker_engine():
+    """A private Docker engine for the session (tests/support/engine.py), which the launching user `nobody` reaches;
+    the tests that need it are skipped, in one line, where none can start. Images are each test module's to add."""
+    from tests.support import engine
+    reason = engine.why_no_engine()
+    if reason:
+        pytest.skip(f"no container tests: {reason}")
+    private = engine.Engine()
+    reason = private.start()
+    if reason:
+        pytest.skip(f"no container tests: {reason}")
+    try:
+        os.chmod(private.dir, 0o711)  # a launcher run as nobody reaches the socket
+        os.chmod(private.socket, 0o666)
+        yield private
+    finally:
+        private.stop()

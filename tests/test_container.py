@@ -1,10 +1,13 @@
 """The CPU image and `./run_with_docker.sh` under a real Docker engine (tests/support/engine.py: a private dockerd,
 the image built with `make image-cpu` once a run or loaded from the cache). The launcher runs as an unprivileged user
 (nobody), so that who owns what the containers write is seen: trials in fresh containers with distinct seeds, the
-settings exported by hand handed on, the data at /data, the timing summary read from /results in the image; SIGTERM
-to the launcher reaching the training inside, and the next launch resuming its checkpoint in a new container; a
-missing image, a stopped engine and an unreadable DATADIR each one line before any trial. Then the README's
-container commands, read from the README and run with the CPU image in place of the GPU one."""
+settings exported by hand handed on, the data at /data, the timing summary read from /results in the image, all of
+the launch in the one image CONT named at its start; SIGTERM to the launcher reaching the training inside, and the
+next launch resuming its checkpoint in a new container; SIGKILL to the launcher leaving no container; a missing
+image, a stopped engine and an unreadable DATADIR each one line before any trial; `make image-cpu` stopped while
+mmdebstrap runs. Then the README's container commands, read from the README and run with the CPU image in place of
+the GPU one."""
+import contextlib
 import json
 import os
 import pathlib
@@ -29,23 +32,12 @@ IMAGE = engine_support.IMAGE
 
 
 @pytest.fixture(scope="module")
-def engine():
-    """A private engine holding the CPU image; the tests are skipped, in one line, where none can start."""
-    reason = engine_support.why_no_engine()
-    if reason:
-        pytest.skip(f"no container tests: {reason}")
-    private = engine_support.Engine()
-    reason = private.start()
-    if reason:
-        pytest.skip(f"no container tests: {reason}")
-    try:
-        how, seconds = engine_support.cpu_image(private)
+def engine(docker_engine):
+    """The session's private engine holding the CPU image (built with `make image-cpu` or loaded from the cache)."""
+    if docker_engine.docker("image", "inspect", IMAGE).returncode != 0:
+        how, seconds = engine_support.cpu_image(docker_engine)
         print(f"{IMAGE}: {how} in {seconds:.0f} s")
-        os.chmod(private.dir, 0o711)  # the launcher runs as nobody: it reaches the socket
-        os.chmod(private.socket, 0o666)
-        yield private
-    finally:
-        private.stop()
+    return docker_engine
 
 
 @pytest.fixture
@@ -59,7 +51,7 @@ def home():
         os.symlink(engine_support.DOCKER, os.path.join(folder, "bin", "docker"))
         os.mkdir(os.path.join(folder, "checkout"))
         os.mkdir(os.path.join(folder, "checkout", "rn50_mx"))
-        for name in ("run_with_docker.sh", "trials.sh", "rn50_mx/exit_codes.sh"):  # what the launcher sources
+        for name in ("run_with_docker.sh", "trials.sh", "rn50_mx/launch.sh", "rn50_mx/exit_codes.sh"):  # it sources
             shutil.copy2(os.path.join(ROOT, name), os.path.join(folder, "checkout", name))
         shutil.copytree(os.path.join(ROOT, "config"), os.path.join(folder, "checkout", "config"))
         for parent, dirs, names in os.walk(folder):
@@ -142,26 +134,36 @@ def containers_started(engine, since):
 
 
 @pytest.mark.slow
-def test_trials_run_in_fresh_containers_with_the_settings_and_the_data_mounted(engine, three_classes, home):
+def test_trials_run_in_fresh_containers_with_the_settings_and_the_data_mounted(engine, three_classes, home, tmp_path):
     """Two trials of config/CPU.sh shrunk to seconds: each in a container of its own with seed SEED+i-1 (the seed
     checker refuses repeats), END_LR (exported by hand, not in the config) reaching training, the data read at /data,
     cache_clear logged as the page-cache drop went (nobody may not drop it), the summary run in the image on /results;
     a CPU config gets no GPU and says so. (This replaces the bare launcher's two-trial test: the trial loop is the
-    same, trials.sh; the bare trial runs in test_make_demos_config_trains_in_float32_on_a_cpu_without_bfloat16.)"""
+    same, trials.sh; the bare trial runs in test_make_demos_config_trains_in_float32_on_a_cpu_without_bfloat16.)
+    CONT is given to another image by `docker tag` while trial 1 runs: every container of the launch still runs the
+    image CONT named when it began, by its ID, which both logs and the summary name. The old launcher looked CONT up
+    at each `docker run`: trial 2 ran the other image."""
+    image_id = engine.docker("image", "inspect", "--format", "{{.Id}}", IMAGE).stdout.strip()
+    assert engine.docker("tag", IMAGE, "rn50-mx:launched").returncode == 0
+    engine_support.import_small_image(engine, "rn50-mx:other", str(tmp_path))
     logs = logdir(home)
     env = {**TINY, "NUM_CLASSES": "3", "DATADIR": data(three_classes, home), "LOGDIR": str(logs), "NEXP": "2",
-           "SEED": "7", "DATESTAMP": "c", "END_LR": "0.0002"}
+           "SEED": "7", "DATESTAMP": "c", "END_LR": "0.0002", "DISP_BATCHES": "1", "CONT": "rn50-mx:launched"}
     since = time.time()
-    status, out = finished(launch(env, home, engine), home)
+    proc = past_the_first_step(launch(env, home, engine), logs / "c_1.log", home)
+    assert engine.docker("tag", "rn50-mx:other", "rn50-mx:launched").returncode == 0
+    status, out = finished(proc, home)
     assert status == 0, out[-4000:]
-    assert out.splitlines()[0] == ("run_with_docker.sh: DEVICE=cpu: the containers get no GPU (no --gpus all, "
-                                   "no --ulimit memlock=-1)")
-    # the env-names query, the settings check, two trials, the summary
-    assert containers_started(engine, since) == [IMAGE] * 5
+    assert out.splitlines()[:2] == [
+        "run_with_docker.sh: DEVICE=cpu: the containers get no GPU (no --gpus all, no --ulimit memlock=-1)",
+        f"run_with_docker.sh: every container of this launch runs image {image_id} (CONT=rn50-mx:launched)"]
+    # the env-names query, the settings check, two trials, the summary: all the image CONT named at the start
+    assert containers_started(engine, since) == [image_id] * 5
+    assert f"Image: {image_id} (CONT=rn50-mx:launched)" in out.split("Logs: ")[1]  # before the summary
     for i in (1, 2):
         path = logs / f"c_{i}.log"
         text = path.read_text()
-        assert text.startswith(f"Beginning trial {i} of 2\n")
+        assert text.startswith(f"Beginning trial {i} of 2\nImage: {image_id} (CONT=rn50-mx:launched)\n")
         assert mllog(path, "seed") == [6 + i]
         assert mllog(path, "cache_clear") == ["Cleared the page cache" in text]
         assert mllog(path, "submission_platform") == ["1xCPU"]
@@ -199,31 +201,43 @@ def test_sigterm_reaches_training_in_the_container_and_the_next_launch_resumes_i
     since = time.time()
     status, out = finished(launch({**env, "DATESTAMP": "s2"}, home, engine), home)
     assert status == 0, out[-4000:]
-    assert containers_started(engine, since) == [IMAGE] * 4
+    image_id = engine.docker("image", "inspect", "--format", "{{.Id}}", IMAGE).stdout.strip()
+    assert containers_started(engine, since) == [image_id] * 4
     assert mllog(logs / "s2_1.log", "resumed_from") == [f"/results/ckpt/{steps[0]}"]
     assert (logs / "ckpt" / "finished").read_text() == "run_stop success\n"
     assert set(owners(logs).values()) == {NOBODY}, owners(logs)
 
 
 @pytest.mark.slow
-def test_a_stopped_trial_whose_training_is_stuck_is_killed_container_and_all(engine, three_classes, home):
-    """A training that cannot act on the signal (stopped here with SIGSTOP, as a rank stuck in a collective): STOP_GRACE
-    seconds after the SIGTERM the launcher kills the trial, its container too (a killed `docker run` client leaves
-    it running), says so and exits 143. The old launcher waited for ever."""
+def test_a_killed_launcher_leaves_no_container_and_no_process(engine, three_classes, home):
+    """SIGKILL to the launcher mid-trial (the OOM killer, a CI runner ending its job's first process), its training
+    stopped too (SIGSTOP, as a rank stuck in a collective): within 10 s the container is gone, and no process of the
+    launch runs. The old launcher left the container training, and two `docker run` clients, to the end: a killed
+    client does not stop its container. (A trial still running STOP_GRACE s after a SIGTERM is ended by the same code,
+    rn50_mx/launch.sh end_launch; tests/test_trials.py kills one.)"""
     logs = logdir(home)
     env = {**TINY_KEEP_CACHES, "NUM_CLASSES": "3", "DATADIR": data(three_classes, home), "LOGDIR": str(logs),
-           "NEXP": "1", "DATESTAMP": "k", "NUMEPOCHS": "200", "ACCURACY_THRESHOLD": "1.0", "DISP_BATCHES": "1",
-           "STOP_GRACE": "3"}
+           "NEXP": "1", "DATESTAMP": "k", "NUMEPOCHS": "200", "ACCURACY_THRESHOLD": "1.0", "DISP_BATCHES": "1"}
     proc = past_the_first_step(launch(env, home, engine), logs / "k_1.log", home)
     [training] = [p for p in psutil.process_iter(["cmdline", "uids"])
                   if p.info["uids"].real == NOBODY and (p.info["cmdline"] or [])[1:3] == ["-m", "rn50_mx.train"]]
+    launch_id = psutil.Process(proc.pid).environ()["RN50MX_LAUNCH"]
+    clients = [p for p in psutil.Process(proc.pid).children(recursive=True) if p.name() == "docker"]
+    assert clients and engine.docker("ps", "-q").stdout.strip()
     training.send_signal(signal.SIGSTOP)
-    proc.send_signal(signal.SIGTERM)
-    status, out = finished(proc, home, timeout=120)
-    assert status == 143, out[-3000:]
-    assert "run_with_docker.sh: stopped by SIGTERM: the trial still ran 3 s later; killed" in out, out[-3000:]
-    assert engine.docker("ps", "-q").stdout.strip() == ""
-    assert not psutil.wait_procs([training], timeout=15)[1]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.time() + 10
+    while engine.docker("ps", "-aq", "--filter", f"label=rn50-mx.launch={launch_id}").stdout.strip():
+        assert time.time() < deadline, engine.docker("ps", "-a").stdout
+        time.sleep(0.2)
+    assert not psutil.wait_procs([training, *clients], timeout=max(0.1, deadline - time.time()))[1]
+    assert engine.docker("ps", "-aq").stdout.strip() == ""
+    said = r"run_with_docker\.sh: process \d+ ended, \d+ process\(es\) and 1 container\(s\) of its launch still " \
+           r"running: ended them"
+    while not re.search(said, (home / "out.txt").read_text()):  # the watcher says so once it is done
+        assert time.time() < deadline + 10, (home / "out.txt").read_text()[-2000:]
+        time.sleep(0.2)
 
 
 @pytest.mark.parametrize("case", ["no engine", "no image", "unreadable data"])
@@ -244,6 +258,64 @@ def test_what_stops_a_container_launch_is_one_line_before_any_trial(engine, thre
     lines = out.strip().splitlines()
     assert status == 2 and len(lines) == 1 and lines[0].startswith(f"run_with_docker.sh: {says}"), out
     assert files_in(logs) == []
+
+
+# --- make image-cpu ------------------------------------------------------------------------------------------------
+
+def descendants(pid):
+    """{process: its command line} of the processes under `pid` now (one that ends meanwhile left out)."""
+    found = {}
+    with contextlib.suppress(psutil.Error):
+        for proc in psutil.Process(pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                found[proc] = proc.cmdline()
+    return found
+
+
+def wheel_dir(cache):
+    """The Horovod wheel folder the Makefile names under `cache`."""
+    rule = "print-wheel:\n\t@echo $(HOROVOD_WHEEL_DIR)\n"
+    return subprocess.run(["make", "-s", "--no-print-directory", "-C", ROOT, "-f", "Makefile", "-f", "-", "print-wheel",
+                           f"CACHE={cache}"], input=rule, capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["TERM", "KILL"])
+def test_a_stopped_image_build_leaves_no_process_and_no_partial_base(tmp_path, sig):
+    """`make image-cpu` stopped while mmdebstrap builds the base (SIGTERM, as a CI job's cancel; SIGKILL, as the OOM
+    killer) to make alone: within 10 s no process of the build runs and no partial base is left; a partial base an
+    earlier build left (cpu-base-*.tar.tmp-*) is removed by the next build before mmdebstrap starts. The old recipe
+    left mmdebstrap running under init and its partial base (up to 660 MB), which no later build removed. The cache is
+    a folder of this test's, holding the machine's Horovod wheel (a link); no engine is needed before the base."""
+    wheel = wheel_dir(engine_support.CACHE)
+    if not os.path.isdir(wheel) or shutil.which("mmdebstrap") is None:
+        pytest.skip("needs the Horovod wheel `make venv` builds and mmdebstrap (the Makefile's Debian packages)")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    os.symlink(wheel, wheel_dir(cache))
+    stale = cache / "cpu-base-0123456789abcdef.tar.tmp-Ab12Cd.tar"
+    stale.write_bytes(b"a partial base")
+    make = subprocess.Popen(["make", "-C", ROOT, "image-cpu", f"CACHE={cache}"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while not any("mmdebstrap" in " ".join(cmdline[:2]) for cmdline in descendants(make.pid).values()):
+            assert make.poll() is None and time.time() < deadline, make.stderr.read()
+            time.sleep(0.1)
+        assert not stale.exists() and len(list(cache.glob("cpu-base-*.tar.tmp-*"))) == 1
+        time.sleep(1)  # well under way: apt at work in the new root
+        tree = list(descendants(make.pid))
+        make.send_signal(getattr(signal, f"SIG{sig}"))
+        tic = time.time()
+        _, alive = psutil.wait_procs(tree, timeout=10)
+        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], [p.cmdline() for p in alive]
+        assert time.time() - tic < 10
+        assert make.wait(timeout=10) != 0
+        # no partial base, no work folder (mmdebstrap's TMPDIR: the new root file system)
+        assert sorted(path.name for path in cache.iterdir()) == ["cpu-base.lock", os.path.basename(wheel)]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(make.pid, signal.SIGKILL)
 
 
 # --- the README's container commands ------------------------------------------------------------------------------

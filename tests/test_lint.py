@@ -11,7 +11,7 @@ import pytest
 from tests.support.procs import ENV_PATH, ROOT
 
 
-SCRIPTS = ["run_and_time.sh", "run_with_docker.sh", "run.sub", "trials.sh"]
+SCRIPTS = ["run_and_time.sh", "run_with_docker.sh", "run.sub", "trials.sh", "rn50_mx/launch.sh"]
 
 
 SHELLCHECK = shutil.which("shellcheck", path=ENV_PATH)

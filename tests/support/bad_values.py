@@ -97,3 +97,11 @@ def victim_intact(path):
     """True when the file a planted link pointed at still holds its own content."""
     with open(f"{path}.victim") as f:
         return f.read() == "the victim's own content\n"
+
+
+def shown(value):
+    """`value` as the launchers show it in a message (printf %q, rn50_mx/launch.sh's `shown`): one line a shell reads
+    back."""
+    import subprocess
+    return subprocess.run(["bash", "-c", 'printf %q "$1"', "_", str(value)], capture_output=True, text=True,
+                          check=True).stdout

@@ -124,3 +124,14 @@ def cpu_image(engine):
     assert done.returncode == 0, done.stderr
     os.rename(saved + ".tmp", saved)
     return "built", time.time() - start
+
+
+def import_small_image(engine, name, folder):
+    """An image `name` in `engine` that holds one empty file and no python (`docker import`): another image to tag
+    with a name, or an image that cannot run rn50_mx."""
+    import tarfile
+    tar = os.path.join(folder, "small-image.tar")
+    with tarfile.open(tar, "w") as f:
+        f.addfile(tarfile.TarInfo("hello"))
+    done = engine.docker("import", tar, name)
+    assert done.returncode == 0, done.stderr
