@@ -4,10 +4,12 @@ end of the last pytest run, or any saved copy of one.
     .venv/bin/python bench/test_profile.py [PROFILE.json] [--sort cpu|wall] [--top 20] [--against OLD.json]
     .venv/bin/python bench/test_profile.py [PROFILE.json] --save-costs
 
-By file: its tests, their wall and CPU seconds (setup and teardown included: a module fixture's training is paid
-by the file's first test that asks for it), and how many tests paid each kind of cost (trains, horovod, daemon,
-image, container, slurm: read from what the test ran). Then the `--top` tests. With --against, each file's CPU and
-wall beside the older profile's, and the tests that are in one profile only (removed, merged or new).
+By file: its tests, the processes they started that lived a quarter second or more (each python that imports
+MXNet costs about 2.5 s of CPU to start), their wall and CPU seconds (setup and teardown included: a module
+fixture's training is paid by the file's first test that asks for it), and how many tests paid each kind of cost
+(trains, horovod, daemon, image, container, slurm: read from what the test ran). Then the `--top` tests. With
+--against, each file's CPU beside the older profile's, and the tests that are in one profile only (removed, merged
+or new).
 CPU is user + system of the test's process and the children it waited for: a Slurm job's or a container's processes
 are not its children, so those tests' figure is low (their wall time is the guide).
 --save-costs writes each work unit's wall seconds (a file, or an xdist_group of a split file) to tests/unit_costs.json,
@@ -38,10 +40,12 @@ def load(path):
 
 def by_file(tests):
     """{file: {"tests": n, "wall": s, "cpu": s, "kinds": Counter}}."""
-    files = collections.defaultdict(lambda: {"tests": 0, "wall": 0.0, "cpu": 0.0, "kinds": collections.Counter()})
+    files = collections.defaultdict(lambda: {"tests": 0, "wall": 0.0, "cpu": 0.0, "processes": 0,
+                                             "kinds": collections.Counter()})
     for t in tests:
         entry = files[t["file"]]
         entry["tests"] += 1
+        entry["processes"] += t.get("processes", 0)
         entry["wall"] += t["wall"]
         entry["cpu"] += t["cpu"]
         entry["kinds"].update(t["kinds"])
@@ -56,14 +60,16 @@ def report(profile, sort, top, older=None):
              f"{sum(t['cpu'] for t in tests):.0f} s CPU; the session {profile.get('session_wall', 0):.0f} s"
              + (f" (before: {len(older['tests'])} tests, {sum(t['cpu'] for t in older['tests']):.0f} s CPU, the "
                 f"session {older.get('session_wall', 0):.0f} s)" if older else ""),
-             "", f"{'file':34} {'tests':>5} {'wall s':>8} {'CPU s':>8}" + (f" {'CPU before':>10}" if older else "")
+             "", f"{'file':34} {'tests':>5} {'procs':>5} {'wall s':>8} {'CPU s':>8}"
+             + (f" {'CPU before':>10}" if older else "")
              + "  kinds of cost (tests)"]
     for name, entry in sorted(files.items(), key=lambda item: -item[1][sort]):
         kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(entry["kinds"].items()))
         before = f" {old[name]['cpu']:10.0f}" if name in old else (f" {'-':>10}" if older else "")
-        lines.append(f"{name:34} {entry['tests']:5} {entry['wall']:8.0f} {entry['cpu']:8.0f}{before}  {kinds}")
+        lines.append(f"{name:34} {entry['tests']:5} {entry['processes']:5} {entry['wall']:8.0f} {entry['cpu']:8.0f}"
+                     f"{before}  {kinds}")
     for name in sorted(set(old) - set(files)):
-        lines.append(f"{name:34} {'-':>5} {'-':>8} {'-':>8} {old[name]['cpu']:10.0f}")
+        lines.append(f"{name:34} {'-':>5} {'-':>5} {'-':>8} {'-':>8} {old[name]['cpu']:10.0f}")
     lines += ["", f"the {top} costliest tests by {sort} (wall s, CPU s, kinds):"]
     for t in sorted(tests, key=lambda t: -t[sort])[:top]:
         lines.append(f"{t['wall']:8.1f} {t['cpu']:8.1f}  {','.join(t['kinds']) or '-':24} {t['test']}")

@@ -5,12 +5,17 @@ import shutil
 
 import pytest
 
-from rn50_mx import prep_rec
-from tests.support import schedule
-from tests.support.costs import Profile
-from tests.support.data import packed_train_val, write_jpeg_tree
-from tests.support.procs import ROOT, run_train
-from tests.support.settings import STOPPED_RUN
+from tests.support.procs import SHARED_CORES
+
+os.environ.update(SHARED_CORES)  # before MXNet loads (libgomp reads it once): this process and what it starts
+
+from rn50_mx import prep_rec  # noqa: E402  (MXNet loads here, after the line above)
+from tests.support import schedule  # noqa: E402
+from tests.support.costs import Profile  # noqa: E402
+from tests.support.data import packed_train_val, write_jpeg_tree  # noqa: E402
+from tests.support.procs import ROOT, run_train  # noqa: E402
+from tests.support.settings import STOPPED_RUN  # noqa: E402
+
 
 def pytest_configure(config):
     config.pluginmanager.register(Profile(config), "rn50-cost-profile")

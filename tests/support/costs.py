@@ -12,9 +12,10 @@ getrusage) and the kinds of cost it paid, read from what ran, never from a list 
 
 The commands are seen twice: every subprocess.Popen of the test's own process (an audit hook: exact, however
 short), and the test's whole process tree, sampled every SAMPLE_S while the test runs (the grandchildren: a
-training that a launcher script starts). The CPU that a daemon spends for a test outside the test's process tree (a
-Slurm job's slurmstepd, a container's processes: both detach from their parent) is not in its CPU figure; its wall
-time is.
+training that a launcher script starts); the sampler also counts the processes it saw (those that lived a sample
+interval or more: every python that imports MXNet does, about 2.5 s of CPU each). The CPU that a daemon spends for a
+test outside the test's process tree (a Slurm job's slurmstepd, a container's processes: both detach from their
+parent) is not in its CPU figure; its wall time is.
 
 At the end of the run the controller prints the totals, each worker's share and the 10 slowest tests, and writes the
 whole profile as JSON to the pytest cache (.pytest_cache/d/rn50-profile/profile.json), which `python
@@ -87,6 +88,7 @@ class Watch:
 
     def __init__(self):
         self.kinds = set()
+        self.processes = 0  # of the running test's tree, seen by the sampler
         self.seen = set()  # (pid, start time) already read
         self.running = threading.Event()
         self.lock = threading.Lock()
@@ -98,9 +100,10 @@ class Watch:
             argv = args[1] if isinstance(args[1], (list, tuple)) else [args[1]]
             self.add(kinds_of([os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else str(a) for a in argv]))
 
-    def add(self, kinds):
+    def add(self, kinds, processes=0):
         with self.lock:
             self.kinds |= kinds
+            self.processes += processes
 
     def sample(self):
         me = psutil.Process()
@@ -115,21 +118,22 @@ class Watch:
                     key = (proc.pid, proc.create_time())
                     if key not in self.seen:
                         self.seen.add(key)
-                        self.add(kinds_of(proc.cmdline()))
+                        self.add(kinds_of(proc.cmdline()), 1)
                 except psutil.Error:
                     continue
             time.sleep(SAMPLE_S)
 
     def start(self, train_module):
         with self.lock:
-            self.kinds = set()
+            self.kinds, self.processes = set(), 0
         self.wrap_train_step(train_module)
         self.running.set()
 
     def stop(self):
+        """(kinds, processes) of the test that ran."""
         self.running.clear()
         with self.lock:
-            return sorted(self.kinds)
+            return sorted(self.kinds), self.processes
 
     def wrap_train_step(self, train_module):
         """Once rn50_mx.train is imported in this process, its train_step reports the test as one that trains (fit
@@ -172,12 +176,13 @@ class Profile:
         if call.when != "teardown" or item.nodeid not in self.began:
             return
         start, cpu = self.began.pop(item.nodeid)
-        kinds = self.watch.stop()
+        kinds, processes = self.watch.stop()
         group = schedule.unit(item)
         report.user_properties.append((PROPERTY, {
             "test": item.nodeid.removesuffix("@" + group), "file": item.nodeid.split("::")[0], "unit": group,
             "wall": round(time.time() - start, 3),
-            "cpu": round(cpu_seconds() - cpu, 3), "kinds": kinds, "end": round(time.time(), 3),
+            "cpu": round(cpu_seconds() - cpu, 3), "kinds": kinds, "processes": processes,
+            "end": round(time.time(), 3),
             "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}))
 
     # --- where the reports arrive ----------------------------------------------------------------------------
