@@ -23,8 +23,11 @@ PY        := $(VENV)/bin/python
 DATA      ?= data/fashion-mnist
 LOGDIR    ?= results/demo
 NEXP      ?= 1
-# make test runs the suite in this many processes (pytest-xdist), one test file per process at a time: a file's
-# tests share their module fixtures and run in order; the Slurm tests' daemons stay in one process.
+# make test runs the suite in this many processes (pytest-xdist), one unit at a time each: a test file (its tests
+# share their module fixtures and run in order; the Slurm tests' daemons stay in one process) or one xdist_group of a
+# file split in parts; the costliest units first, by tests/unit_costs.json (tests/support/schedule.py), so that no
+# slow file is left to one worker at the end. It ends with the cost profile: the total and the 10 slowest tests
+# (docs/testing.md; bench/test_profile.py prints it by file).
 TEST_WORKERS ?= 2
 SYSTEM_PACKAGES := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz /usr/bin/shellcheck \
 	/usr/sbin/slurmctld /usr/sbin/munged /usr/lib/x86_64-linux-gnu/libpmix.so /usr/bin/mpicxx /usr/sbin/dockerd \
@@ -110,7 +113,7 @@ $(FUSED_LIB): $(FUSED_SRC) | $(VENV)/.base
 	training runs MXNet's unfused optimizer kernels" >&2; fi
 
 test: venv $(FUSED_LIB)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 # The demo runs exactly what a GPU user runs: config file -> run_with_docker.sh (bare machine: CONT unset)
 # -> run_and_time.sh -> python -m rn50_mx.train, then the timing tool and the MLPerf compliance checker.

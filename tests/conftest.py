@@ -1,14 +1,27 @@
 """The tests' shared fixtures: small JPEG class folders cut from Fashion-MNIST, and their packed .rec (the helpers
-are in tests/support/)."""
+are in tests/support/); and the suite's cost profile (tests/support/costs.py), printed at the end of every run."""
 import os
 import shutil
 
 import pytest
 
-from rn50_mx import prep_rec
-from tests.support.data import packed_train_val, write_jpeg_tree
-from tests.support.procs import ROOT, run_train
-from tests.support.settings import STOPPED_RUN
+from tests.support.procs import SHARED_CORES
+
+os.environ.update(SHARED_CORES)  # before MXNet loads (libgomp reads it once): this process and what it starts
+
+from rn50_mx import prep_rec  # noqa: E402  (MXNet loads here, after the line above)
+from tests.support import schedule  # noqa: E402
+from tests.support.costs import Profile  # noqa: E402
+from tests.support.data import packed_train_val, write_jpeg_tree  # noqa: E402
+from tests.support.procs import ROOT, run_train  # noqa: E402
+from tests.support.settings import STOPPED_RUN  # noqa: E402
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(Profile(config), "rn50-cost-profile")
+    if config.pluginmanager.hasplugin("xdist"):  # make test's distribution: tests/support/schedule.py
+        config.pluginmanager.register(schedule.Distribution(config), "rn50-distribution")
+
 
 @pytest.fixture(scope="session")
 def jpeg_tree(tmp_path_factory):

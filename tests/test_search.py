@@ -202,10 +202,11 @@ def test_a_killed_driver_resumes_its_study_without_losing_or_repeating_a_trial(t
 def test_a_killed_driver_s_finalist_is_ended_and_its_half_written_log_never_scored(tiny_data, tmp_path):
     """SIGKILL of the driver while the second finalist runs (the first has ended), then the same command: the
     orphan's processes are ended before anything runs and its log is not read; the first finalist's log is scored
-    again, not run again; only the second is run again, in a new STUDY.finals/N. Runs of 30 epochs (their first
-    eval at the last, the target nearly 0) outlive the driver's start."""
-    env = environ(tiny_data, NUMEPOCHS="30", EVAL_PERIOD="30", EVAL_OFFSET="29", ACCURACY_THRESHOLD="0.01")
-    flags = ("--knob", "EVAL_OFFSET=0:29", "--trials", "1", "--final-seeds", "2")
+    again, not run again; only the second is run again, in a new STUDY.finals/N. The orphan is frozen (SIGSTOP) as
+    the driver is killed, so that it is still there when the next driver starts however short its run (runs of 3
+    epochs, their first eval at the last, the target nearly 0); a stopped process is ended as a running one is."""
+    env = environ(tiny_data, NUMEPOCHS="3", EVAL_PERIOD="3", EVAL_OFFSET="2", ACCURACY_THRESHOLD="0.01")
+    flags = ("--knob", "EVAL_OFFSET=0:2", "--trials", "1", "--final-seeds", "2")
     first, second = final_seeds("CPU", 2)
     finals = tmp_path / "res" / "CPU.finals"
     out = tmp_path / "first.out"
@@ -213,11 +214,14 @@ def test_a_killed_driver_s_finalist_is_ended_and_its_half_written_log_never_scor
         driver = subprocess.Popen(search_command(tmp_path, *flags), env=env, cwd=ROOT, stdout=f,
                                   stderr=subprocess.STDOUT, start_new_session=True)
     wait_for(driver, finals / "1" / "sourced" / f"seed{second}.out", "epoch 1:")
-    driver.send_signal(signal.SIGKILL)
-    driver.wait()
-    orphans = leftovers(tmp_path)
-    assert orphans, "the killed driver's finalist should still be running"
-    result = search(tmp_path, env, *flags)
+    orphans = kill_leaving_frozen_runs(driver, tmp_path)
+    assert orphans, "the killed driver's finalist should still be there"
+    try:
+        result = search(tmp_path, env, *flags)
+    finally:
+        for proc in orphans:  # frozen, they would never end by themselves
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.splitlines()[:2] == [
         f"search: finalist sourced seed {second} was running when the last driver stopped: its processes ended, "
@@ -228,8 +232,21 @@ def test_a_killed_driver_s_finalist_is_ended_and_its_half_written_log_never_scor
     assert "run_stop" not in (finals / "1" / "sourced" / f"seed{second}.log").read_text()  # ended, not waited for
     assert sorted(os.listdir(finals / "2" / "sourced")) == [f"seed{second}.log", f"seed{second}.out"]
     sourced = next(line for line in result.stdout.splitlines() if line.startswith("sourced "))
-    assert sourced.split()[1:5] == ["30.00", "30", "30", "2/2"], result.stdout
+    assert sourced.split()[1:5] == ["3.00", "3", "3", "2/2"], result.stdout
     assert leftovers(tmp_path) == []
+
+
+def kill_leaving_frozen_runs(driver, tmp_path):
+    """SIGSTOP to the processes of the driver's runs (those naming the test's folder), then SIGKILL to the driver:
+    what it leaves behind stays, however soon its run would have ended, until the next driver ends it. Returns
+    them."""
+    runs = [p for p in leftovers(tmp_path) if p.pid != driver.pid]
+    for proc in runs:
+        with contextlib.suppress(psutil.Error):
+            proc.suspend()
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    return [p for p in runs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
 def finals_entry(folder, record=("pgid", 999_999, 1), ended=False, seed=910_000):

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from tests.support.bfloat16 import DEMO_DTYPE, needs_bfloat16
-from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, sourced
+from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, SHARED_CORES, assert_one_line_naming, sourced
 from rn50_mx import prep_rec
 
 
@@ -35,7 +35,7 @@ def rows(stdout):
 
 @pytest.mark.slow
 def test_every_check_passes_on_the_cpu(fashion):
-    result = sourced("CPU", f"python -m rn50_mx.selftest {fashion} --ranks 2 --steps 3", timeout=600)
+    result = sourced("CPU", f"python -m rn50_mx.selftest {fashion} --ranks 2 --steps 1", timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     table = rows(result.stdout)
     for check in ("memory", "pipelines", "layout/precision", "lars float16", "allreduce", "train steps", "eval"):
@@ -145,7 +145,7 @@ def test_sigterm_ends_the_self_test_and_its_horovodrun_ranks(fashion, tmp_path):
     with open(out, "w") as f:
         proc = subprocess.Popen(["bash", "-c", f"source config/CPU.sh && exec python -m rn50_mx.selftest {fashion} "
                                  "--ranks 2 --steps 1"], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
-                                env={"PATH": ENV_PATH, **PYTHONPATH}, start_new_session=True)
+                                env={"PATH": ENV_PATH, **PYTHONPATH, **SHARED_CORES}, start_new_session=True)
 
     def workers():
         found = []

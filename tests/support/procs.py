@@ -16,6 +16,13 @@ ENV_PATH = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
 # Every process a test starts imports this checkout's rn50_mx and tests/, whichever checkout the venv's editable
 # install points at: `tests` is not installed, and a script run by path has only its own folder on sys.path.
 PYTHONPATH = {"PYTHONPATH": os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])}
+# make test runs two workers on two cores, so a process of two OpenMP threads (config/CPU.sh's OMP_NUM_THREADS is
+# $(nproc)) always shares its cores with the other worker's, and libgomp's idle threads spin (up to 300,000 turns)
+# before they sleep, on CPU that worker needs. PASSIVE (OpenMP's own variable) puts them to sleep at once; the same
+# threads do the same work, so results do not change (the demo: top-1 0.7734 at epoch 4 either way). tests/conftest.py
+# puts it in the tests' own environment, which clean_environ() and the tests' launches inherit; the helpers below that
+# start from an empty one add it. Measured on config/CPU.sh's steps beside one busy process: 18.8 -> 11.9 s CPU.
+SHARED_CORES = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def gloo_ranks(n):
@@ -41,7 +48,8 @@ def wait_for(proc, out, pattern, timeout=240):
 
 def bash(script, env=None, cwd=ROOT, timeout=120):
     """Run `script` with bash -c in a clean environment (plus `env`); returns the CompletedProcess."""
-    full_env = {"PATH": ENV_PATH, "HOME": os.environ.get("HOME", "/tmp"), **PYTHONPATH, **(env or {})}
+    full_env = {"PATH": ENV_PATH, "HOME": os.environ.get("HOME", "/tmp"), **PYTHONPATH, **SHARED_CORES,
+                **(env or {})}
     return subprocess.run(["bash", "-c", script], env=full_env, cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -87,7 +95,8 @@ def run_train(argv, env=None, timeout=600):
 
 
 def run(command, env=None, timeout=120, **kwargs):
-    full_env = {"PATH": ENV_PATH, "HOME": os.environ.get("HOME", "/tmp"), **PYTHONPATH, **(env or {})}
+    full_env = {"PATH": ENV_PATH, "HOME": os.environ.get("HOME", "/tmp"), **PYTHONPATH, **SHARED_CORES,
+                **(env or {})}
     return subprocess.run(command, env=full_env, cwd=ROOT, capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
@@ -121,8 +130,8 @@ def sigterm_to(command, out, ready):
     """Start `command` (from the repository), send it SIGTERM once ready(output, its processes) holds; none of its
     processes may be left running. Returns its exit status and its output."""
     with open(out, "w") as sink:
-        proc = subprocess.Popen(command, env={"PATH": ENV_PATH, "HOME": "/tmp", **PYTHONPATH}, cwd=ROOT,
-                                stdout=sink, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(command, env={"PATH": ENV_PATH, "HOME": "/tmp", **PYTHONPATH, **SHARED_CORES},
+                                cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
     procs = []
     try:
         deadline = time.time() + 300
