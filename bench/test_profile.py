@@ -19,8 +19,13 @@ that moves a unit's cost much, from a profile of `make test` on a quiet machine.
 import argparse
 import collections
 import json
+import numbers
 import os
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from rn50_mx import files  # noqa: E402
+from rn50_mx.errors import InputError  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAST = os.path.join(ROOT, ".pytest_cache", "d", "rn50-profile", "profile.json")
@@ -28,14 +33,29 @@ UNIT_COSTS = os.path.join(ROOT, "tests", "unit_costs.json")
 
 
 def load(path):
+    """The profile at `path`, each test's fields checked: it may be a copy someone else made or edited. Opened as a
+    regular file only (a FIFO would wait for a writer for ever); anything else is one line naming `path`."""
     try:
-        with open(path) as f:
+        fd = files.open_regular(path)
+        with os.fdopen(fd) as f:
             profile = json.load(f)
         tests = profile["tests"]
-        assert all({"test", "file", "wall", "cpu", "kinds"} <= set(t) for t in tests)
-    except (OSError, ValueError, KeyError, TypeError, AssertionError) as err:
+        if not isinstance(tests, list) or not all(well_formed(t) for t in tests):
+            raise ValueError("a test's id, file, unit, wall and CPU seconds or kinds not as the suite writes them")
+    except InputError as err:
+        sys.exit(f"test_profile: {err}")
+    except (OSError, ValueError, KeyError, TypeError) as err:
         sys.exit(f"test_profile: {path}: not a profile the test suite wrote ({type(err).__name__}: {err})")
     return profile
+
+
+def well_formed(test):
+    """One test's record as tests/support/costs.py writes it."""
+    number = lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool) and 0 <= v < float("inf")  # noqa: E731
+    return (isinstance(test, dict) and all(isinstance(test.get(k), str) for k in ("test", "file"))
+            and isinstance(test.get("unit", ""), str) and number(test.get("wall")) and number(test.get("cpu"))
+            and number(test.get("processes", 0)) and isinstance(test.get("kinds"), list)
+            and all(isinstance(kind, str) for kind in test["kinds"]))
 
 
 def by_file(tests):
@@ -81,22 +101,32 @@ def report(profile, sort, top, older=None):
 
 
 def save_costs(profile, path=UNIT_COSTS):
-    """{unit: wall seconds} of the profile, costliest first, written under a temporary name and renamed."""
+    """{unit: wall seconds} of the profile, costliest first, written under a temporary name of its own and renamed
+    while holding the file's lock (files.write_atomically); a link or a folder planted at the path is refused."""
     costs = collections.Counter()
     for t in profile["tests"]:
         costs[t.get("unit", t["file"])] += t["wall"]
-    with open(path + ".tmp", "w") as f:
-        json.dump({name: round(seconds, 1) for name, seconds in costs.most_common()}, f, indent=1)
-        f.write("\n")
-    os.replace(path + ".tmp", path)
+    text = json.dumps({name: round(seconds, 1) for name, seconds in costs.most_common()}, indent=1) + "\n"
+    try:
+        files.refuse_special(path, "unit costs")
+        files.write_atomically(path, text, "unit costs")
+    except InputError as err:
+        sys.exit(f"test_profile: {err}")
     return f"wrote {path}: {len(costs)} units"
+
+
+def positive(text):
+    """--top: a whole number of tests, 1 or more."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of tests, 1 or more, not {text!r}")
+    return int(text)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("profile", nargs="?", default=LAST, help=f"a profile (default: the last run's, {LAST})")
     parser.add_argument("--sort", choices=("cpu", "wall"), default="cpu")
-    parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--top", type=positive, default=20)
     parser.add_argument("--against", help="an older profile to compare with")
     parser.add_argument("--save-costs", action="store_true", help=f"write each unit's seconds to {UNIT_COSTS}")
     args = parser.parse_args()
