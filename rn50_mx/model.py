@@ -136,7 +136,10 @@ class StemConv(nn.Conv2D):
     gemm path, whose plain-layout output sends bn0 to oneDNN's generic plain-layout BatchNorm (ncsp_bnorm:any): at
     the demo's shape one thread took 25 + 47 ms a step in bn0's forward and backward there against about 1 + 1.5 in
     float32's blocked layout (DNNL_VERBOSE, docs/bfloat16.md). With 4 channels conv0 runs the jit kernel and its
-    blocked output keeps bn0 and pool0 on their jit kernels. `even_channels` is set by ResNet50V15.cast."""
+    blocked output keeps bn0 and pool0 on their jit kernels. `even_channels` is set by ResNet50V15.cast.
+    On a GPU (float16, NHWC) it stays False and the call is the parent's, whose signature NVIDIA's fork keeps
+    (sneaxiy/NVIDIA-MxNet@ce30b18 python/mxnet/gluon/nn/conv_layers.py:183, _Conv.hybrid_forward(self, F, x, weight,
+    bias=None)); the layer's _kwargs there are the stand-in's CONV_KEYS rule (rn50_mx/standin/python_layer.py)."""
 
     even_channels = False
 
