@@ -4,13 +4,10 @@ aborted, exit 79 (rn50_mx/exit_codes.sh); nothing is left running; a checkpoint 
 the resume point. A run paused for less than its bound, or slowing down past the floor at its own pace, goes on;
 timing shows a stalled run and the search counts its trial as failed.
 
-The stuck reader is this file as a worker (`python tests/test_stall.py FIFO N FLAGS...`): rn50_mx.train whose train
-iterator, asked for its Nth batch, first opens FIFO, which no one writes. DALI's own reader cannot be made to block
-from outside: its .rec reader maps or seeks the file, which a FIFO refuses at open, and FUSE, NFS and I/O throttling
-are not available to the suite. So the Nth read blocks in open(2), in C with the GIL released, where DALI's loader
-thread blocks on a hung file system (a DALI file reader given a FIFO blocks pipe.run() so, other Python threads
-running on: checked with DALI 2.4.0 while writing this). The real DALI pipeline delivers every earlier batch."""
-import itertools
+The stuck reader is tests/support/stuck.py's: this file as a worker (`python tests/test_stall.py FIFO N FLAGS...`)
+is rn50_mx.train whose train iterator, asked for its Nth batch, first opens FIFO, which no one writes; a process
+this file does not start (the search's trial) gets the same through its sitecustomize. The real DALI pipeline delivers
+every earlier batch."""
 import json
 import os
 import re
@@ -27,6 +24,7 @@ from tests.support.mllog import events
 from tests.support.procs import (ENV_PATH, PYTHONPATH, ROOT, clean_environ, config_environ, gloo_ranks, mounted,
                                  wait_for)
 from tests.support.settings import TINY
+from tests.support import stuck
 from rn50_mx import checkpoint, config, timing
 from rn50_mx.exits import STALLED_EXIT
 from rn50_mx.rehearse.stages import rank_pid
@@ -233,22 +231,25 @@ def test_a_stalled_line_someone_else_wrote_is_one_line_and_never_the_verdict_of_
     assert success.status == "success" and success.stalled is None
 
 
-def test_a_stall_fails_the_search_s_trial_and_timing_reads_a_log_that_stalled_before_run_start(tiny_data, tmp_path,
-                                                                                                monkeypatch):
-    """A trial whose floor (1 s) is shorter than its warm-up's graph build: training stops itself there (`stalled`
-    before run_start, run_stop aborted, exit 79); the search tells the study the trial failed, in training's words,
-    neither pruned nor complete; timing reads the log (no run_start) as a stalled run. The old code completed the
-    trial."""
+def test_a_stall_fails_the_search_s_trial_in_training_s_words(tiny_data, tmp_path, monkeypatch):
+    """A trial whose reader never returns its first batch: training stops itself (`stalled`, run_stop aborted, exit
+    79); the search tells the study the trial failed, in training's words, neither pruned nor complete; timing reads
+    the log as a stalled run. The floor (2 s) may also fall within the warm-up's graph build on a loaded machine: the
+    verdict is then `before run_start`, as true a stall. The old code completed the trial."""
     import optuna
 
     from rn50_mx import search
     from rn50_mx.search import driver, space
 
+    never = tmp_path / "never"
+    fifo(never)
     environ = {**config_environ("CPU"), **TINY, "DATADIR": tiny_data, "PATH": ENV_PATH, **PYTHONPATH,
-               "RN50_STALL_SECONDS": "1"}
+               "RN50_STALL_SECONDS": "2"}
     for name in list(os.environ):
         monkeypatch.delenv(name)
     for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    for name, value in stuck.environ(never, 1).items():
         monkeypatch.setenv(name, value)
     s, args, knobs = search.prepare(["--results", str(tmp_path / "res"), "--out", str(tmp_path / "cfg"), "--knob",
                                      "EVAL_OFFSET=0:1", "--trials", "1", "--finalists", "0"])
@@ -262,11 +263,19 @@ def test_a_stall_fails_the_search_s_trial_and_timing_reads_a_log_that_stalled_be
         assert time.time() < deadline
         time.sleep(0.5)
     [trial] = loop.study.get_trials()
-    assert trial.state == optuna.trial.TrialState.FAIL, trial
-    assert re.fullmatch(r"stalled: rank 0 made no progress for [\d.]+ s in warm-up before run_start \(bound 1\.0 s\)",
-                        trial.user_attrs["why"]), trial.user_attrs
+    assert trial.state == optuna.trial.TrialState.FAIL, (trial, open(slot.current.log).read()[-2000:])
+    assert re.fullmatch(r"stalled: rank 0 made no progress for [\d.]+ s in (warm-up before run_start|data wait at "
+                        r"epoch 1 step 0) \(bound 2\.0 s\)", trial.user_attrs["why"]), trial.user_attrs
     run = timing.read_run(slot.current.log, "1.0.0")
-    assert run.stalled == trial.user_attrs["why"] and run.status == "aborted" and run.minutes is None
+    assert run.stalled == trial.user_attrs["why"] and run.status == "aborted" and not run.counted
+
+
+def test_timing_reads_a_log_that_stalled_before_run_start(tmp_path):
+    """A run that stalled in its warm-up has `stalled` and run_stop aborted but no run_start: timing shows it as
+    stalled, with no minutes, rather than as a log with no run."""
+    run = timing.read_run(write_log(tmp_path / "w.log", [("init_start", None, {}), ("stalled", "rank 0 stuck", {}),
+                                                         ("run_stop", None, {"status": "aborted"})]), "1.0.0")
+    assert (run.stalled, run.status, run.minutes) == ("stalled: rank 0 stuck", "aborted", None)
 
 
 @pytest.mark.parametrize("value", ["-1", "86401", "1.5", "x"])
@@ -299,16 +308,8 @@ def test_gpu_configs_shut_horovod_down_only_well_after_the_watchdog_s_verdict(sy
 
 if __name__ == "__main__":
     from rn50_mx import train
-    from rn50_mx.data import iters
     from rn50_mx.errors import run_cli
 
-    never, stuck_at, calls, produce = sys.argv[1], int(sys.argv[2]), itertools.count(1), iters.DaliIter.produce
-
-    def stuck(self):
-        if self.train and next(calls) == stuck_at:
-            open(never).close()  # no writer: blocked in open(2) for good
-        return produce(self)
-
-    iters.DaliIter.produce = stuck
+    stuck.stick(sys.argv[1], int(sys.argv[2]))
     sys.argv = ["rn50_mx.train", *sys.argv[3:]]
     run_cli(train.main, "rn50_mx.train")
