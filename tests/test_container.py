@@ -23,7 +23,7 @@ import pytest
 
 from tests.support import engine as engine_support
 from tests.support.mllog import mllog
-from tests.support.procs import ROOT, files_in
+from tests.support.procs import ROOT, descendants, files_in
 from tests.support.settings import TINY, TINY_KEEP_CACHES
 
 NOBODY = 65534
@@ -211,7 +211,7 @@ def test_sigterm_reaches_training_in_the_container_and_the_next_launch_resumes_i
 @pytest.mark.slow
 def test_a_killed_launcher_leaves_no_container_and_no_process(engine, three_classes, home):
     """SIGKILL to the launcher mid-trial (the OOM killer, a CI runner ending its job's first process), its training
-    stopped too (SIGSTOP, as a rank stuck in a collective): within 10 s the container is gone, and no process of the
+    stopped too (SIGSTOP, as a rank stuck in a collective): the watcher removes the container, and no process of the
     launch runs. The old launcher left the container training, and two `docker run` clients, to the end: a killed
     client does not stop its container. (A trial still running STOP_GRACE s after a SIGTERM is ended by the same code,
     rn50_mx/launch.sh end_launch; tests/test_trials.py kills one.)"""
@@ -227,7 +227,7 @@ def test_a_killed_launcher_leaves_no_container_and_no_process(engine, three_clas
     training.send_signal(signal.SIGSTOP)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    deadline = time.time() + 10
+    deadline = time.time() + 120  # a loaded machine's engine, not a claim of speed
     while engine.docker("ps", "-aq", "--filter", f"label=rn50-mx.launch={launch_id}").stdout.strip():
         assert time.time() < deadline, engine.docker("ps", "-a").stdout
         time.sleep(0.2)
@@ -236,7 +236,7 @@ def test_a_killed_launcher_leaves_no_container_and_no_process(engine, three_clas
     said = r"run_with_docker\.sh: process \d+ ended, \d+ process\(es\) and 1 container\(s\) of its launch still " \
            r"running: ended them"
     while not re.search(said, (home / "out.txt").read_text()):  # the watcher says so once it is done
-        assert time.time() < deadline + 10, (home / "out.txt").read_text()[-2000:]
+        assert time.time() < deadline + 60, (home / "out.txt").read_text()[-2000:]
         time.sleep(0.2)
 
 
@@ -261,16 +261,6 @@ def test_what_stops_a_container_launch_is_one_line_before_any_trial(engine, thre
 
 
 # --- make image-cpu ------------------------------------------------------------------------------------------------
-
-def descendants(pid):
-    """{process: its command line} of the processes under `pid` now (one that ends meanwhile left out)."""
-    found = {}
-    with contextlib.suppress(psutil.Error):
-        for proc in psutil.Process(pid).children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                found[proc] = proc.cmdline()
-    return found
-
 
 def wheel_dir(cache):
     """The Horovod wheel folder the Makefile names under `cache`."""

@@ -542,7 +542,7 @@ def test_a_finalist_s_group_left_alone_is_not_said_ended(shared, tmp_path):
     started at another time, which is left running."""
     from rn50_mx import children
 
-    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    other = subprocess.Popen(["sleep", "600"], start_new_session=True)  # outlives the search on any machine
     try:
         seed = 910_000
         folder = tmp_path / "res" / "CPU.finals" / "1" / "sourced"

@@ -20,7 +20,7 @@ import pytest
 from rn50_mx import config
 from rn50_mx.errors import InputError
 from rn50_mx.rehearse import plan, stages
-from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, mounted
+from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, descendants, mounted
 
 GPU_ONLY_WORDS = "this says nothing of whether the GPU run will work"
 
@@ -128,6 +128,7 @@ def covering(paths, base):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2700)  # 12 rehearsals: 407 s in CI's last run, against pytest.ini's 900 for one test
 def test_every_gpu_config_s_code_path_rehearses(configs, tmp_path):
     """12 recipe configs and the 4 shipped ones; the path of NF5688M6 is the end-to-end test's, the first open levers'
     path in full too, the others --quick (the 8-node open path differs from the first in its epochs and ramp only).
@@ -208,16 +209,15 @@ def test_sigterm_midway_leaves_no_process(tmp_path):
     proc = subprocess.Popen(["bash", "-c", script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             env={"PATH": ENV_PATH, "HOME": "/tmp", **PYTHONPATH}, start_new_session=True)
     deadline = time.time() + 300
-    while not any("rn50_mx.train" in " ".join(p.cmdline()) for p in psutil.Process(proc.pid).children(recursive=True)
-                  if p.is_running()):
+    while not any("rn50_mx.train" in " ".join(command) for command in descendants(proc.pid).values()):
         assert time.time() < deadline and proc.poll() is None
         time.sleep(0.5)
-    descendants = psutil.Process(proc.pid).children(recursive=True)
+    tree = list(descendants(proc.pid))
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
-    time.sleep(2)
+    psutil.wait_procs(tree, timeout=60)
     assert proc.returncode != 0
-    assert not [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
 # horovodrun's output of failed stages, shortened from real rehearsals of mutations (issue 32): the ranks' lines
@@ -316,24 +316,24 @@ def test_sigkill_midway_leaves_no_process_and_no_temporary_folder(tmp_path):
     proc = subprocess.Popen(["bash", "-c", script], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                             env={"PATH": ENV_PATH, "HOME": "/tmp", "TMPDIR": str(temp), **PYTHONPATH},
                             start_new_session=True)
-    descendants = []
+    tree = {}
     try:
         deadline = time.time() + 300
-        while not any("rn50_mx.train" in " ".join(p.cmdline()) for p in descendants if p.is_running()):
+        while not any("rn50_mx.train" in " ".join(command) for command in tree.values()):
             assert time.time() < deadline and proc.poll() is None
             time.sleep(0.5)
-            descendants = psutil.Process(proc.pid).children(recursive=True)
+            tree = descendants(proc.pid)
         assert os.listdir(temp), "the rehearsal's temporary folder"
         proc.kill()
         proc.wait()
-        _, alive = psutil.wait_procs(descendants, timeout=60)
+        _, alive = psutil.wait_procs(tree, timeout=60)
         assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], [p.cmdline() for p in alive]
         deadline = time.time() + 30
         while os.listdir(temp) and time.time() < deadline:
             time.sleep(0.5)
         assert os.listdir(temp) == []
     finally:
-        for p in descendants:
+        for p in tree:
             with contextlib.suppress(psutil.Error):
                 p.kill()
 

@@ -173,7 +173,8 @@ def test_a_diverging_trial_is_stopped_at_once_and_leaves_no_process(tiny_data, t
 def test_a_killed_driver_resumes_its_study_without_losing_or_repeating_a_trial(tiny_data, tmp_path):
     """SIGKILL of the driver while trial 1 runs, then the same command: trial 0 is kept (not run again), trial 1's
     processes are ended and it is run again as a new trial with the same values, and the study ends with the 2
-    trials asked for."""
+    trials asked for. Trial 1 is frozen at its run_start as the driver is killed, so that it is still there when the
+    next driver starts, however soon it would have ended (its one epoch and eval last a few seconds)."""
     env = environ(tiny_data)
     out = tmp_path / "first.out"
     with open(out, "w") as f:
@@ -181,12 +182,15 @@ def test_a_killed_driver_resumes_its_study_without_losing_or_repeating_a_trial(t
                                                  "--finalists", "0"), env=env, cwd=ROOT, stdout=f,
                                   stderr=subprocess.STDOUT, start_new_session=True)
     wait_for(driver, out, "trial   0 ")
-    wait_for(driver, tmp_path / "res" / "CPU.trials" / "0001" / "seed100016.out", "epoch 1:")
-    driver.send_signal(signal.SIGKILL)
-    driver.wait()
-    orphans = leftovers(tmp_path)
-    assert orphans, "the killed driver's trial should still be running"
-    result = search(tmp_path, env, "--knob", "EVAL_OFFSET=0:1", "--trials", "2", "--finalists", "0")
+    wait_for(driver, tmp_path / "res" / "CPU.trials" / "0001" / "seed100016.out", '"key": "run_start"')
+    orphans = kill_leaving_frozen_runs(driver, tmp_path)
+    assert orphans, "the killed driver's trial should still be there"
+    try:
+        result = search(tmp_path, env, "--knob", "EVAL_OFFSET=0:1", "--trials", "2", "--finalists", "0")
+    finally:
+        for proc in orphans:  # frozen, they would never end by themselves
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
     assert result.returncode == 0, result.stdout + result.stderr
     assert "search: trial 1 was running when the last driver stopped: its processes ended, queued again" in \
         result.stdout

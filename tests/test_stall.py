@@ -111,7 +111,7 @@ def test_a_stopped_rank_ends_the_run_from_rank_0_and_leaves_nothing_running(tmp_
     assert FLOOR_TWO_RANKS <= bound < seconds <= bound + 5, reason
     assert stack_before(text, line, "train_epoch", "fit"), text[-3000:]
     assert [key for key, _, _ in events(log)[-2:]] == ["stalled", "run_stop"]
-    time.sleep(1)  # horovodrun's middlemen reap their children as they exit
+    psutil.wait_procs(family, timeout=30)  # horovodrun's middlemen reap their children as they exit
     assert [p.pid for p in family if running(p)] == []
 
 
@@ -146,18 +146,25 @@ def test_a_run_paused_for_less_than_its_bound_finishes(tmp_path):
 
 
 # The watchdog alone, beside a loop that marks as training does: its own MULTIPLE (4) makes the pace's bound show in
-# seconds. Floor 0.3 s; marks 0.2 s apart, then 0.5 s (past the floor, within 4 x 0.2), then none.
+# seconds. Floor 0.3 s; marks 0.2 s apart, then 0.5 s (past the floor, within 4 x 0.2), then none. The watchdog's clock
+# is the loop's: the gaps are exact, where real sleeps on a loaded machine wake late (a 0.2 s gap taken as 0.31 s was
+# a verdict, a 0.5 s one taken as 0.66 s a bound past 2.6 s); after the marks it moves 0.05 s a nap of 0.05 s.
 PACED = """
-import time
+import time, types
 from rn50_mx import watchdog
+clock = [0.0]
+watchdog.time = types.SimpleNamespace(monotonic=lambda: clock[0])
 watchdog.MULTIPLE = 4
 watch = watchdog.Watchdog(0.3, rank=1)
 watch.mark(watchdog.DATA_WAIT)
 for gap in (0.2, 0.2, 0.5):
     time.sleep(gap)
+    clock[0] += gap
     watch.mark(watchdog.STEP)
 print("paced", flush=True)
-time.sleep(60)
+for _ in range(1200):
+    time.sleep(0.05)
+    clock[0] += 0.05
 """
 
 
@@ -169,7 +176,7 @@ def test_the_bound_follows_the_run_s_pace_and_a_rank_other_than_0_leaves_the_ver
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == STALLED_EXIT and result.stdout == "paced\n", result.stdout + result.stderr
     [(_, reason, rank, seconds, phase, epoch, step, bound)] = stalled(result.stderr)
-    assert (rank, phase, epoch, step) == (1, "step", 1, 0) and 1.9 < bound < 2.6, reason  # 4 x 0.5 s, not the floor
+    assert (rank, phase, epoch, step, bound) == (1, "step", 1, 0, 2.0) and 2.0 <= seconds <= 2.2, reason  # 4 x 0.5 s
     assert f"rank 0 ends the run, or this rank exits 79 at {2 * bound:.1f} s" in result.stderr
     assert result.stderr.count("(most recent call first):") >= 2  # the loop's thread and the watchdog's
     last = result.stderr.splitlines()[-1]

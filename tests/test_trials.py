@@ -19,8 +19,8 @@ import pytest
 from tests.support.bad_values import shown
 from tests.support.bfloat16 import HOROVOD_FALLBACK
 from tests.support.mllog import mllog
-from tests.support.procs import (ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, files_in, launcher, mounted, run,
-                                 sigterm_to, sourced)
+from tests.support.procs import (ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, descendants, files_in, launcher,
+                                 mounted, run, sigterm_to, sourced)
 from tests.support.settings import TINY, TINY_KEEP_CACHES
 
 
@@ -224,11 +224,11 @@ def test_sigterm_on_run_and_time_stops_every_rank(tiny_data, tmp_path, ranks):
         while '"key": "epoch_start"' not in out.read_text():  # training has started
             assert proc.poll() is None and time.time() < deadline, out.read_text()[-3000:]
             time.sleep(0.5)
-        procs = psutil.Process(proc.pid).children(recursive=True)
-        assert sum("rn50_mx.train" in " ".join(p.cmdline()) for p in procs) >= ranks, procs
+        procs = descendants(proc.pid)
+        assert sum("rn50_mx.train" in " ".join(command) for command in procs.values()) >= ranks, procs
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) != 0
-        _, alive = psutil.wait_procs(procs, timeout=15)
+        _, alive = psutil.wait_procs(procs, timeout=60)
         alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         assert not alive, [p.cmdline() for p in alive]
         assert "RESULT," not in out.read_text()

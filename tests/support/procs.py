@@ -150,3 +150,14 @@ def sigterm_to(command, out, ready):
         for p in [*procs, psutil.Process(proc.pid)] if proc.poll() is None else procs:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
+
+
+def descendants(pid):
+    """{process: its command line} of the processes under `pid` now (one that ends meanwhile left out: a test that
+    looks while processes come and go must not fail on one that just ended)."""
+    found = {}
+    with contextlib.suppress(psutil.Error):
+        for proc in psutil.Process(pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                found[proc] = proc.cmdline()
+    return found
