@@ -22,7 +22,7 @@ from tests.support import runs
 from tests.support.data import one_per_class
 from tests.support.mllog import events, values
 from tests.support.nets import trained_parts
-from tests.support.procs import assert_one_line_naming, gloo_ranks, run, run_train, wait_for
+from tests.support.procs import assert_one_line_naming, gloo_ranks, run, run_train
 
 THIS = os.path.abspath(__file__)
 OPEN = {"SUBMISSION_DIVISION": "open"}
@@ -198,17 +198,16 @@ def test_two_ranks_see_every_image_once_an_epoch_across_factor_changes(unique24,
 @pytest.mark.slow
 def test_a_stop_lands_one_update_after_the_signal_s_and_resumes_exactly(three_classes, tmp_path):
     """Every update sums 3 steps (2 updates an epoch, 6 in the run). SIGTERM once update 1 (steps 1-3) and its check
-    have ended: Python has queued update 2 and waits for its end; the check there carries the request and the next one
-    reads it: the stop lands after update 3, step 3 of epoch 2 (step-9), between updates. The resumed run's evals and
-    final model equal the uninterrupted run's bit for bit. Counting updates, the checks came at updates 4 and 8: the
-    stop never landed and the run ended, exit 0."""
+    have ended, the run held at step 5's batch in update 2 (runs.signal_held); the check at update 2's end carries
+    the request and the next one reads it: the stop lands after update 3, step 3 of epoch 2 (step-9), between
+    updates. The resumed run's evals and final model equal the uninterrupted run's bit for bit. Counting updates, the
+    checks came at updates 4 and 8: the stop never landed and the run ended, exit 0."""
     recs = os.path.join(three_classes, "train.rec"), os.path.join(three_classes, "val.rec")
     lever = dict(batch_schedule="0:3", num_epochs=3, submission_division="open")
     reference = runs.run(recs, 1, tmp_path / "whole.txt", save_model=tmp_path / "whole", **lever)
     folder, out = str(tmp_path / "ckpt"), tmp_path / "stopped.txt"
-    proc = runs.start(recs, 1, out, checkpoint_dir=folder, **lever)
-    wait_for(proc, out, rf"epoch 1 step 3/{runs.STEPS}")
-    proc.send_signal(signal.SIGTERM)
+    proc = runs.start(recs, 1, out, held_at=5, checkpoint_dir=folder, **lever)
+    runs.signal_held(proc, out, signal.SIGTERM)  # at step 5, in update 2
     text = runs.finish(proc, out, code=checkpoint.RESUMABLE_EXIT)
     assert "stopped at epoch 2 step 3" in text and sorted(os.listdir(folder)) == ["lock", "step-9"], text[-3000:]
     text = runs.run(recs, 1, tmp_path / "resumed.txt", checkpoint_dir=folder, save_model=tmp_path / "resumed", **lever)

@@ -23,7 +23,6 @@ import sys
 
 import mxnet as mx
 import numpy as np
-import psutil
 import pytest
 
 from rn50_mx import checkpoint, config, files, model, optim, timing
@@ -31,7 +30,8 @@ from rn50_mx.config import Settings
 from tests.support.bfloat16 import needs_bfloat16, round_bf16, to_np
 from tests.support.mllog import events, values
 from tests.support.procs import assert_one_line_naming, clean_environ, gloo_ranks, run_train, wait_for
-from tests.support.runs import FLAGS, STEPS, argv, assert_same_params, epoch_lines, evaluate, finish, run, start
+from tests.support.runs import (FLAGS, STEPS, argv, assert_same_params, epoch_lines, evaluate, finish, run,
+                                signal_held, start)
 from tests.support.settings import STOPPED_RUN
 from tests.support.timing import edited_fixture, report_of
 
@@ -43,19 +43,6 @@ RESUMED_LOG_VERDICT = re.compile(r"^CHECK for 'init_start' failed in line \d+: f
 def recs(three_classes):
     """(train .rec, val .rec): 3 Fashion-MNIST classes x 8 photographs; val: 4 of each with their labels."""
     return os.path.join(three_classes, "train.rec"), os.path.join(three_classes, "val.rec")
-
-
-def rank_pid(proc, rank):
-    """The pid of rank `rank`'s python under a launcher (or the launcher itself for one process)."""
-    if rank is None:
-        return proc.pid
-    for p in psutil.Process(proc.pid).children(recursive=True):
-        try:
-            if "rn50_mx.train" in p.cmdline() and p.environ().get("HOROVOD_RANK") == str(rank):
-                return p.pid
-        except psutil.NoSuchProcess:
-            pass
-    raise AssertionError("no rank process")
 
 
 _uninterrupted = {}
@@ -140,15 +127,14 @@ def test_a_run_killed_after_a_checkpoint_resumes_exactly(recs, uninterrupted, tm
 @pytest.mark.slow
 def test_a_run_stopped_by_sigterm_mid_epoch_resumes_exactly(recs, uninterrupted, tmp_path):
     """SIGTERM (to rank 0 only: rank 1 stops at the same step) early in epoch 1: the ranks agree at a check 4 to 8
-    steps later, mid-epoch 2 (step 8 = epoch 2 step 2), write a checkpoint, log resumable_stop and exit 75. Rank 0's
-    Python waits for each step (a progress line a step), so the signal lands before its check at step 4; rank 1's
-    may run up to a check period ahead, where a signal to it would land a period later. The resumed run's lines
-    follow resumable_stop in the same log."""
+    steps later, mid-epoch 2 (step 8 = epoch 2 step 2), write a checkpoint, log resumable_stop and exit 75. Rank 0
+    is held at its third batch while the signal is sent (runs.signal_held), so it lands before its check at step 4 on
+    any machine; rank 1's may run up to a check period ahead, where a signal to it would land a period later. The
+    resumed run's lines follow resumable_stop in the same log."""
     ranks = uninterrupted[0]
     folder, out, log = str(tmp_path / "ckpt"), tmp_path / "stopped.txt", str(tmp_path / "mlperf.log")
-    proc = start(recs, ranks, out, checkpoint_dir=folder, mllog_file=log)
-    wait_for(proc, out, rf"epoch 1 step 1/{STEPS}")
-    os.kill(rank_pid(proc, 0 if ranks == 2 else None), signal.SIGTERM)
+    proc = start(recs, ranks, out, held_at=3, checkpoint_dir=folder, mllog_file=log)
+    signal_held(proc, out, signal.SIGTERM, 0 if ranks == 2 else None)
     text = finish(proc, out, code=1 if ranks == 2 else checkpoint.RESUMABLE_EXIT)  # horovodrun exits 1: the log says
     assert "stopped at epoch 2 step 2" in text, text[-3000:]
     stopped = events(log)
@@ -167,13 +153,12 @@ def test_a_run_stopped_by_sigterm_mid_epoch_resumes_exactly(recs, uninterrupted,
 
 @pytest.fixture(scope="module")
 def two_checkpoints(recs, tmp_path_factory):
-    """A folder with the checkpoints after epoch 1 (step 6) and at step 8 (SIGTERM), 1 process; its MLPerf log is
-    mlperf.log beside it."""
+    """A folder with the checkpoints after epoch 1 (step 6) and at step 8 (SIGTERM at step 3, read at the check of
+    step 4), 1 process; its MLPerf log is mlperf.log beside it."""
     tmp = tmp_path_factory.mktemp("two")
     folder, out = str(tmp / "ckpt"), tmp / "out.txt"
-    proc = start(recs, 1, out, checkpoint_dir=folder, checkpoint_every=1, mllog_file=tmp / "mlperf.log")
-    wait_for(proc, out, rf"epoch 1 step 1/{STEPS}")
-    proc.send_signal(signal.SIGTERM)
+    proc = start(recs, 1, out, held_at=3, checkpoint_dir=folder, checkpoint_every=1, mllog_file=tmp / "mlperf.log")
+    signal_held(proc, out, signal.SIGTERM)
     finish(proc, out, code=checkpoint.RESUMABLE_EXIT)
     assert sorted(os.listdir(folder)) == ["lock", f"step-{STEPS}", f"step-{STEPS + 2}"]
     return folder

@@ -12,7 +12,7 @@ from rn50_mx import checkpoint, config, data, dist, ema, evaluate, memory, model
 from rn50_mx.config import Settings
 from tests.support import runs
 from tests.support.mllog import events, values
-from tests.support.procs import assert_one_line_naming, run_train, wait_for
+from tests.support.procs import assert_one_line_naming, run_train
 from tests.support.settings import OPEN, open_settings
 from tests.support.timing import edited_fixture, report_of
 
@@ -221,9 +221,8 @@ def test_a_run_with_ema_stopped_mid_epoch_resumes_exactly_and_evaluate_uses_its_
     reference = runs.run(recs, 1, tmp_path / "whole.txt", save_model=tmp_path / "whole", mllog_file=whole_log,
                          checkpoint_dir=whole_folder, checkpoint_every=1, **lever)
     folder, out = str(tmp_path / "ckpt"), tmp_path / "stopped.txt"
-    proc = runs.start(recs, 1, out, checkpoint_dir=folder, **lever)
-    wait_for(proc, out, rf"epoch 1 step 1/{runs.STEPS}")
-    proc.send_signal(signal.SIGTERM)
+    proc = runs.start(recs, 1, out, held_at=3, checkpoint_dir=folder, **lever)
+    runs.signal_held(proc, out, signal.SIGTERM)
     runs.finish(proc, out, code=checkpoint.RESUMABLE_EXIT)
     assert os.path.exists(os.path.join(folder, f"step-{runs.STEPS + 2}", "rank0.ema"))
     text = runs.run(recs, 1, tmp_path / "resumed.txt", checkpoint_dir=folder, save_model=tmp_path / "resumed",

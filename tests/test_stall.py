@@ -256,7 +256,7 @@ def test_a_stall_fails_the_search_s_trial_in_training_s_words(tiny_data, tmp_pat
         monkeypatch.delenv(name)
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
-    for name, value in stuck.environ(never, 1).items():
+    for name, value in stuck.environ("stick", never, 1).items():
         monkeypatch.setenv(name, value)
     s, args, knobs = search.prepare(["--results", str(tmp_path / "res"), "--out", str(tmp_path / "cfg"), "--knob",
                                      "EVAL_OFFSET=0:1", "--trials", "1", "--finalists", "0"])

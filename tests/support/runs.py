@@ -12,6 +12,7 @@ import mxnet as mx
 import numpy as np
 
 from rn50_mx import config
+from tests.support import stuck
 from tests.support.procs import clean_environ, gloo_ranks
 
 STEPS = 6  # per epoch: 24 images, batch 4 (2 ranks: batch 2 each)
@@ -36,14 +37,28 @@ def on_rank_devices(module, *args):
     return [sys.executable, "-m", module, *args, "--standin=devices"]
 
 
-def start(recs, ranks, out, **changes):
-    """The training run in its own session (1 process, or horovodrun with 2), its output to `out`."""
+def start(recs, ranks, out, held_at=None, **changes):
+    """The training run in its own session (1 process, or horovodrun with 2), its output to `out`; with `held_at`,
+    rank 0 waits at that train batch (1-based) until signal_held has signalled it."""
     command = on_rank_devices("rn50_mx.train", *argv(recs, ranks, **changes))
     if ranks == 2:
         command = [*gloo_ranks(2), *command]
+    env = clean_environ()
+    if held_at:
+        os.mkfifo(gate(out))
+        env.update(stuck.environ("hold", gate(out), held_at))
     with open(out, "w") as f:
-        return subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT, env=clean_environ(),
-                                start_new_session=True)
+        return subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def gate(out):
+    return f"{out}.gate"
+
+
+def signal_held(proc, out, signum, rank=None):
+    """`signum` to the run (to its rank `rank` under horovodrun) while rank 0 of the run started with `held_at` waits
+    at that batch; then the run goes on. The signal so lands between two known steps on any machine."""
+    stuck.signal_held(proc, gate(out), signum, rank)
 
 
 def finish(proc, out, code=0, timeout=300):
