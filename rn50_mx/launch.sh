@@ -92,10 +92,14 @@ tie_to() {
     LAUNCH_LABEL="rn50-mx.launch=${LAUNCH_ID}"
     if [[ " ${RN50MX_LAUNCH:-} " == *" ${LAUNCH_ID} "* ]]; then return; fi  # tied already (tie_launch's second run)
     # stdin and stdout closed, stderr kept for its one line: a reader of this launch's output sees its end soon after
-    # the launcher's (the watcher polls every 0.05 s).
+    # the launcher's (the watcher polls every 0.05 s). Its command line names nothing of the launch (its values come
+    # in its environment), so that `pkill -f run_with_docker.sh` ends the launcher and not its watcher too; and it
+    # carries no launch's id (an outer launch's watcher would end it with the outer launch).
     # shellcheck disable=SC2016  # expanded by the watcher's bash
-    setsid "$BASH" -c 'source "$1"; shift; watch_launch "$@"' _ "$LAUNCH_LIB" "$1" "$LAUNCH_ID" "$LAUNCHER" \
-        "$LAUNCH_CONTAINERS" </dev/null >/dev/null &
+    WATCH_LIB=$LAUNCH_LIB WATCH_PID=$1 WATCH_ID=$LAUNCH_ID WATCH_LAUNCHER=$LAUNCHER WATCH_CONTAINERS=$LAUNCH_CONTAINERS \
+        env -u RN50MX_LAUNCH setsid "$BASH" -c \
+        'source "$WATCH_LIB"; watch_launch "$WATCH_PID" "$WATCH_ID" "$WATCH_LAUNCHER" "$WATCH_CONTAINERS"' \
+        </dev/null >/dev/null &
     export RN50MX_LAUNCH="${RN50MX_LAUNCH:+${RN50MX_LAUNCH} }${LAUNCH_ID}"
 }
 
@@ -111,7 +115,7 @@ tie_launch() {
 # containers) and says so in one line when it found any.
 watch_launch() {
     local nap start
-    trap '' PIPE HUP INT
+    trap '' PIPE HUP INT TERM QUIT  # a signal to everything named alike, or to the terminal's group, is not for it
     exec {nap}<> <(:)  # a pipe no one writes: `read -t` on it sleeps without starting a process
     start=${2##*-}
     while read_start "$1" && [[ "$START_TIME" == "$start" ]]; do read -r -t 0.05 -u "$nap" || true; done
@@ -219,13 +223,22 @@ stopped_group() {
 # Holds an exclusive flock on file $1 (created when missing) until this shell ends, on descriptor LOCK_FD; with $2 =
 # wait, waits for another holder, saying so once. Returns 1 when another process holds it, 2 when the file cannot be
 # opened (a read-only or missing folder). The kernel drops it when its holders end: a killed launch leaves no stale
-# lock.
+# lock. A holder may remove the file as it ends (trials.sh does): a lock taken on the file it removed, opened just
+# before, is no lock on the name, so the file locked must still be the one at $1, or the lock is taken again there
+# (rn50_mx/files.py try_lock keeps the Python tools' locks the same way).
 hold_lock() {
-    { exec {LOCK_FD}>>"$1"; } 2>/dev/null || return 2
-    flock -n "$LOCK_FD" && return 0
-    [[ "${2:-}" == wait ]] || return 1
-    say_error "waiting for another process, which holds $(shown "$1")"
-    flock "$LOCK_FD"
+    local said=
+    while true; do
+        { exec {LOCK_FD}>>"$1"; } 2>/dev/null || return 2
+        if ! flock -n "$LOCK_FD"; then
+            [[ "${2:-}" == wait ]] || return 1
+            [[ -n "$said" ]] || say_error "waiting for another process, which holds $(shown "$1")"
+            said=1
+            flock "$LOCK_FD"
+        fi
+        [[ "/proc/self/fd/${LOCK_FD}" -ef "$1" ]] && return 0
+        exec {LOCK_FD}>&-
+    done
 }
 
 # --- outcomes -------------------------------------------------------------------------------------------------------

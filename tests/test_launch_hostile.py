@@ -14,6 +14,7 @@ import contextlib
 import fcntl
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -213,6 +214,57 @@ def test_a_datestamps_logs_are_matched_exactly(tmp_path):
                                      "of DATESTAMP=a now")
 
 
+# A holder of rn50_mx/launch.sh's lock at $1, as trials.sh holds LOGDIR/DATESTAMP.lock: it removes the file as it ends.
+LOCKER = """LAUNCHER=locker; source rn50_mx/launch.sh
+hold_lock "$1" || exit $?
+trap 'rm -f -- "$1"' EXIT
+echo held
+read -r _ || true
+"""
+# flock, held at its start until the file $GO exists (saying so in $ENTERED), then the real one.
+SLOW_FLOCK = """#!/bin/sh
+[ -e "$GO" ] || { : > "$ENTERED"; while [ ! -e "$GO" ]; do sleep 0.05; done; }
+exec FLOCK "$@"
+"""
+
+
+def test_a_lock_taken_on_the_file_its_holder_removed_is_taken_again_on_the_new_one(tmp_path):
+    """Launch B opens the lock file while launch A holds it; A ends and removes the file; launch C creates it anew and
+    locks it; only then does B's flock run (held there by a slow flock), on the removed file, and succeed. B must see
+    that the file it locked is no longer the one at the name, take the lock there again and be refused, as C holds
+    it. The old hold_lock returned B's lock: two launches wrote one DATESTAMP's logs and resumed one trial."""
+    lock, shim, go, entered = tmp_path / "t.lock", tmp_path / "shim", tmp_path / "go", tmp_path / "entered"
+    shim.mkdir()
+    (shim / "flock").write_text(SLOW_FLOCK.replace("FLOCK", shutil.which("flock", path=ENV_PATH)))
+    (shim / "flock").chmod(0o755)
+
+    def locker(path=ENV_PATH):
+        return subprocess.Popen(["bash", "-c", LOCKER, "locker", str(lock)], cwd=ROOT, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True,
+                                env={"PATH": path, "GO": str(go), "ENTERED": str(entered)})
+
+    a = locker()
+    assert a.stdout.readline() == "held\n"
+    b = locker(f"{shim}:{ENV_PATH}")
+    c = None
+    try:
+        while not entered.exists():
+            assert b.poll() is None
+            time.sleep(0.05)
+        a.stdin.close()
+        assert a.wait(timeout=30) == 0 and not lock.exists()
+        c = locker()
+        assert c.stdout.readline() == "held\n"
+        go.touch()
+        assert b.stdout.readline() == "", "B holds the lock that C holds"  # "held", on the old code
+        assert b.wait(timeout=30) == 1
+    finally:
+        for proc in (a, b, c):
+            if proc:
+                proc.kill()
+                proc.wait()
+
+
 # --- signals at each stage -----------------------------------------------------------------------------------------
 
 # A training that ends at once with run_stop success: a stand-in, planted through PYTHONPATH, so that the launch
@@ -250,16 +302,28 @@ def launch_processes(launch_id):
     return found
 
 
+def kill_by_name(launch_id, name):
+    """SIGKILL to each process of launch `launch_id` whose command line names `name`, as `pkill -9 -f NAME` sends it
+    (kept to this launch: the suite's other launches run beside it)."""
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            command = " ".join(proc.cmdline())
+            if name in command and (launch_id in command or launch_id in proc.environ().get("RN50MX_LAUNCH", "")):
+                proc.kill()
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", ["TERM", "INT", "KILL"])
-@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("stage, sig", [(stage, sig) for stage in STAGES for sig in ("TERM", "INT", "KILL")] +
+                         [("mid-trial", "KILL by name")])
 def test_a_signal_at_each_stage_leaves_nothing_running(shared, tmp_path, stage, sig):
     """The signal to the launcher alone (kill, the OOM killer, a CI runner ending its job's first process). TERM and
     INT: the launcher stops what runs and says where, exit 128 + the signal. KILL: its watcher ends every process it
-    started, and says so. The old launcher, SIGKILLed, left the trial (run_and_time.sh, its log filter, the training) to run on under
-    init to the end. Mid-trial is a real training (signalled once its process runs); the summary follows a stand-in
-    trial that ends at once (FINISHES); the data check and the summary are held until the signal's effects end them
-    (HELD), so that each is still running then on any machine."""
+    started, and says so. The old launcher, SIGKILLed, left the trial (run_and_time.sh, its log filter, the training)
+    to run on under init to the end. KILL by name (`pkill -9 -f run_with_docker.sh`): the same; the watcher's command
+    line named the launcher, so it died with it and the trial ran on. Mid-trial is a real training (signalled once
+    its process runs); the summary follows a stand-in trial that ends at once (FINISHES); the data check and the
+    summary are held until the signal's effects end them (HELD), so that each is still running then on any
+    machine."""
     env = {**TINY_KEEP_CACHES, "NUMEPOCHS": "200", "ACCURACY_THRESHOLD": "1.0", "DATADIR": shared["data"],
            "LOGDIR": str(tmp_path / "logs"), "NEXP": "1", "DATESTAMP": "t"}
     site = tmp_path / "site"
@@ -284,7 +348,10 @@ def test_a_signal_at_each_stage_leaves_nothing_running(shared, tmp_path, stage, 
                     break
             time.sleep(0.05)
         assert (stage == "before the first trial") == (not (tmp_path / "logs" / "t_1.log").exists())
-        proc.send_signal(getattr(signal, f"SIG{sig}"))
+        if sig == "KILL by name":
+            kill_by_name(launch_id, "run_with_docker.sh")
+        else:
+            proc.send_signal(getattr(signal, f"SIG{sig}"))
         status = proc.wait(timeout=120)
         tic = time.time()
         while launch_processes(launch_id) and time.time() - tic < 60:
@@ -293,7 +360,7 @@ def test_a_signal_at_each_stage_leaves_nothing_running(shared, tmp_path, stage, 
         _, alive = psutil.wait_procs(tree, timeout=30)
         assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
         text = out.read_text()
-        if sig == "KILL":
+        if sig.startswith("KILL"):
             assert status == -9 and re.search(r"process \d+ ended, \d+ process\(es\) and 0 container\(s\) of its "
                                               r"launch still running: ended them", text), text[-3000:]
         else:
