@@ -34,14 +34,22 @@ def at_batch(at, then):
 
 
 def stick(never, at):
-    """The `at`th train batch waits on the FIFO `never` for good (no writer: blocked in open(2))."""
-    at_batch(at, lambda: open(never).close())
+    """The `at`th train batch waits on the FIFO `never` for good (no writer: blocked in open(2)); the stack a stall
+    report prints shows it as `stuck`."""
+    def stuck():
+        open(never).close()
+
+    at_batch(at, stuck)
 
 
 def hold(gate, at):
     """Rank 0's `at`th train batch waits until the FIFO `gate` has been opened for writing and closed again (EOF)."""
+    def held():
+        with open(gate) as f:
+            f.read()
+
     if os.environ.get("HOROVOD_RANK", "0") == "0":
-        at_batch(at, lambda: open(gate).read())
+        at_batch(at, held)
 
 
 def environ(kind, fifo, at):
