@@ -338,6 +338,16 @@ def test_sigkill_midway_leaves_no_process_and_no_temporary_folder(tmp_path):
                 p.kill()
 
 
+def test_the_ranks_poll_horovod_every_5_ms_whatever_the_config_exports():
+    """A GPU config exports HOROVOD_CYCLE_TIME=0.1 (gpu_common.sh): stand-in ranks polling Gloo every 0.1 ms spent
+    45% of a core each while idle, on the cores they compute on. horovodrun's --cycle-time-ms hands 5 to its ranks
+    over the variable (horovod/runner/common/util/config_parser.py, set_env_from_args)."""
+    rank = "import os; print('cycle', os.environ['HOROVOD_CYCLE_TIME'])"
+    result = subprocess.run([*stages.horovodrun(1), sys.executable, "-c", rank], capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "HOROVOD_CYCLE_TIME": "0.1"})
+    assert result.returncode == 0 and "cycle 5.0\n" in result.stdout, result.stdout + result.stderr
+
+
 def test_horovodrun_is_found_on_path_as_the_self_test_finds_it(tmp_path, monkeypatch):
     """Issue 42, item 8: the rehearsal looked for horovodrun only beside sys.executable, which fails under Debian's
     python3 with pip's scripts in /usr/local/bin or under pip install --user; PATH's is taken now, and none is one
@@ -346,7 +356,7 @@ def test_horovodrun_is_found_on_path_as_the_self_test_finds_it(tmp_path, monkeyp
     venv_bin = os.path.dirname(python)
     monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python3"))  # a Python with no horovodrun beside
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{venv_bin}")
-    assert stages.horovodrun(2) == [os.path.join(venv_bin, "horovodrun"), "--gloo", "-np", "2", "-H", "localhost:2"]
+    assert stages.horovodrun(2)[:6] == [os.path.join(venv_bin, "horovodrun"), "--gloo", "-np", "2", "-H", "localhost:2"]
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(InputError, match=r"^horovodrun: not found beside .*/bin/python3 or on PATH; the rehearsal's "):
         stages.horovodrun(2)

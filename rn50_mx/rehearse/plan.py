@@ -12,6 +12,7 @@ from PIL import Image
 from .. import config, files
 from ..errors import InputError
 from ..prep_rec.folders import pack_train_val
+from .stages import CYCLE_MS
 
 SIDE = 64  # pixels of the shrunk training crop: every stage of ResNet-50 still has a 2x2 map
 BATCH = 4  # images per rank per step
@@ -77,7 +78,8 @@ def shrink(s, ranks, data):
     shrunk = [f"images {h} -> {SIDE} px (val crop, progressive sides alike), batch {s.batch_size} -> {BATCH} a rank, "
               f"{STEPS} steps an epoch, {s.epoch_limit} -> {epochs} epochs (evals kept on their schedule), warmup "
               f"{s.warmup_epochs:g} -> {flags['warmup_epochs']:g}, no target (top-1 1.0)",
-              f"{s.world_size} ranks ({s.dgxnnodes} x {s.dgxngpu}) -> {ranks} on this machine, Gloo in place of NCCL",
+              f"{s.world_size} ranks ({s.dgxnnodes} x {s.dgxngpu}) -> {ranks} on this machine, Gloo in place of NCCL, "
+              f"Horovod's cycle {CYCLE_MS} ms (HOROVOD_CYCLE_TIME's 0.1 ms would spin the cores the ranks share)",
               f"DALI threads {s.dali_threads} -> 1, queue {s.dali_prefetch_queue} -> 2"
               + (f", weight EMA every {s.ema_every} -> {flags['ema_every']} steps" if s.ema_decay else "")
               + (", progressive ramp over the shrunk epochs" if s.prog_start_side else "")
