@@ -27,8 +27,10 @@ NEXP      ?= 1
 # share their module fixtures and run in order; the Slurm tests' daemons stay in one process) or one xdist_group of a
 # file split in parts; the costliest units first, by tests/unit_costs.json (tests/support/schedule.py), so that no
 # slow file is left to one worker at the end. It ends with the cost profile: the total and the 10 slowest tests
-# (docs/testing.md; bench/test_profile.py prints it by file).
-TEST_WORKERS ?= 2
+# (docs/testing.md; bench/test_profile.py prints it by file). One worker more than a 2-core machine's cores: a sixth
+# of the suite's worker time is spent waiting (Slurm's scheduler, the Docker engine, a stall's floor), and a third
+# worker computes meanwhile.
+TEST_WORKERS ?= 3
 SYSTEM_PACKAGES := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz /usr/bin/shellcheck \
 	/usr/sbin/slurmctld /usr/sbin/munged /usr/lib/x86_64-linux-gnu/libpmix.so /usr/bin/mpicxx /usr/sbin/dockerd \
 	/usr/bin/mmdebstrap
