@@ -8,15 +8,48 @@ before any rank starts (the launchers run it); `--env-names`: the variables to h
 import os
 import sys
 
-from . import checkpoint, config, data
-from .errors import InputError, run_cli
+from . import config
+from .errors import InputError, run_cli, settings_first
+
+
+def parser():
+    """The check's own options (config.tool_parser: training's flags are handed on)."""
+    parser = config.tool_parser("python -m rn50_mx.check", __doc__)
+    parser.add_argument("--resume", metavar="STATE", help="the launcher's state file of a stopped trial: refuse unless "
+                        "RN50_CHECKPOINT_DIR holds a checkpoint to resume it from (the file is named, not read)")
+    parser.add_argument("--env-names", action="store_true", help="print the variables to hand on to a container, "
+                        "one a line, and nothing else")
+    return parser
+
+
+def arguments(argv):
+    """(options, (settings, origins)) of the command line; with --env-names, which takes nothing else, no settings."""
+    args, rest = parser().parse_known_args(argv)
+    if args.env_names:
+        if rest or args.resume is not None:
+            raise InputError("--env-names: takes no other argument")
+        return args, None
+    return args, config.resolve(rest, prog="rn50_mx.check")
+
+
+def env_names():
+    print("\n".join(config.env_names()))
+    return 0
+
+
+# `python -m rn50_mx.check` (the launchers run it before every trial and container): the arguments and settings
+# before the data check below loads MXNet and DALI, so that --env-names and a bad setting take a tenth of a second
+EARLY = settings_first(lambda: arguments(sys.argv[1:]), "rn50_mx.check") if __name__ == "__main__" else None
+if EARLY and EARLY[0].env_names:
+    run_cli(env_names, "rn50_mx.check")
+
+from . import checkpoint, data
 from .recipe.check import verdict
 
-def check(flags):
-    """Validate the environment (and `flags`) as training would, check the data files the settings name (or say
-    that none were), print each resolved setting with its origin, then the RCP verdict; a bad value ends it with
-    one line naming the variable or file (exit 2)."""
-    settings, origins = config.resolve(flags, prog="rn50_mx.check")
+
+def check(settings, origins):
+    """Check the data files the settings name (or say that none were), print each resolved setting with its origin,
+    then the RCP verdict; a bad file ends it with one line naming it (exit 2)."""
     files = data.check_files(settings)
     print(config.describe(settings, origins))
     print(f"data: {files}")
@@ -40,30 +73,20 @@ def resumable(s, state):
     checkpoint.refuse_ended(folder)
 
 
-def parser():
-    """The check's own options (config.tool_parser: training's flags are handed on)."""
-    parser = config.tool_parser("python -m rn50_mx.check", __doc__)
-    parser.add_argument("--resume", metavar="STATE", help="the launcher's state file of a stopped trial: refuse unless "
-                        "RN50_CHECKPOINT_DIR holds a checkpoint to resume it from (the file is named, not read)")
-    parser.add_argument("--env-names", action="store_true", help="print the variables to hand on to a container, "
-                        "one a line, and nothing else")
-    return parser
-
-
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if "-h" in argv or "--help" in argv:
-        print(__doc__.strip() + "\n\n" + config.help_text("rn50_mx.check"))
-        return 0
-    args, rest = parser().parse_known_args(argv)
+    if argv is None and EARLY:
+        args, resolved = EARLY
+    else:
+        argv = sys.argv[1:] if argv is None else argv
+        if "-h" in argv or "--help" in argv:
+            print(__doc__.strip() + "\n\n" + config.help_text("rn50_mx.check"))
+            return 0
+        args, resolved = arguments(argv)
     if args.env_names:
-        if rest or args.resume is not None:
-            raise InputError("--env-names: takes no other argument")
-        print("\n".join(config.env_names()))
-        return 0
+        return env_names()
     if args.resume is not None:
-        resumable(config.load(rest, prog="rn50_mx.check"), args.resume)
-    return check(rest)
+        resumable(resolved[0], args.resume)
+    return check(*resolved)
 
 
 if __name__ == "__main__":

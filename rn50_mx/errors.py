@@ -42,6 +42,19 @@ def run_cli(main, prog):
     sys.exit(code or 0)
 
 
+def settings_first(resolve, prog):
+    """For a tool started as `python -m`, at the top of its module, before the module loads MXNet and DALI (2 s of a
+    CPU): `resolve()` reads its arguments and settings as its main() will, so that a bad flag or value is its one line
+    and exit 2 at once. Returns what resolve() returned, for main() to take (resolving, and what it says, happens
+    once); None with -h or --help, which main() answers."""
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        return None
+    try:
+        return resolve()
+    except InputError as err:
+        quit_now(printable(f"{prog}: error: {err}"), 2)
+
+
 def quit_now(line, code):
     """Print `line` on stderr and end the process with `code`, without waiting for the threads that interpreter exit
     would wait for when there are any (otherwise as sys.exit, which a caller in the same process can catch)."""

@@ -12,19 +12,26 @@ Order as the reference (train_imagenet.py, common/fit.py and common/dali.py): bu
 pipelines, initialise, broadcast and warm up -> run_start -> open the data (the first time it is touched) ->
 epochs, with evals on the schedule -> run_stop as soon as top-1 reaches the target.
 """
+import sys
+
+from . import config
+from .errors import run_cli, settings_first
+
+# `python -m rn50_mx.train`: the settings before MXNet and DALI load, so that a bad one is one line at once
+EARLY = settings_first(lambda: config.load(sys.argv[1:]), "rn50_mx.train") if __name__ == "__main__" else None
+
 import faulthandler
 import random
 import signal
-import sys
 import time
 
 import mxnet as mx
 import numpy as np
 from mlperf_logging.mllog import constants as K
 
-from . import checkpoint, config, data, dist, ema, model, optim, watchdog
+from . import checkpoint, data, dist, ema, model, optim, watchdog
 from . import mlperf_log as log
-from .errors import InputError, run_cli
+from .errors import InputError
 from .updates import Updates
 
 
@@ -385,7 +392,7 @@ def main():
         print(config.help_text())
         return 0
     faulthandler.enable(all_threads=True)  # a rank that dies in native code (CUDA, NCCL, Gloo) says where it was
-    settings = config.load(sys.argv[1:])
+    settings = EARLY or config.load(sys.argv[1:])
     status = run(settings)
     arm_exit_alarm(settings.exit_timeout)
     codes = {checkpoint.RESUMABLE: checkpoint.RESUMABLE_EXIT, checkpoint.DIVERGED: checkpoint.DIVERGED_EXIT}

@@ -43,6 +43,21 @@ def test_bad_setting_stops_train(name, value):
     assert_one_line_naming(sourced("CPU", "python -m rn50_mx.train", {name: value}), name)
 
 
+@pytest.mark.parametrize("module, argv, code", [("rn50_mx.train", ["--wd=-inf"], 2),
+                                               ("rn50_mx.check", ["--batch-size=abc"], 2),
+                                               ("rn50_mx.check", ["--env-names"], 0)])
+def test_a_bad_setting_and_the_env_names_are_answered_before_mxnet_and_dali_load(module, argv, code):
+    """`python -m rn50_mx.train` and `python -m rn50_mx.check` (which the launchers run before each trial and
+    container) resolve their settings before they load MXNet and DALI: a bad one, or --env-names, ends the process
+    in a tenth of a second (it took 2 s of a CPU: each test of a refused setting paid it)."""
+    script = (f"import runpy, sys\nsys.argv = [{module!r}, *{argv!r}]\ntry:\n"
+              "    runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)\n"
+              "except SystemExit as end:\n"
+              "    print('exit', end.code, 'loaded', {'mxnet', 'nvidia.dali'} & set(sys.modules), file=sys.stderr)\n")
+    result = run([sys.executable, "-c", script], env=clean_environ())
+    assert result.stderr.strip().splitlines()[-1] == f"exit {code} loaded set()", result.stderr
+
+
 def test_the_images_and_dalis_own_variables_pass_and_a_near_miss_of_ours_is_named():
     result = sourced("NF5688M6", "python -m rn50_mx.check", FOREIGN_DALI)
     assert result.returncode == 0 and result.stderr == "", result.stderr
