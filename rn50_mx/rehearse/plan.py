@@ -79,7 +79,8 @@ def shrink(s, ranks, data):
               f"{STEPS} steps an epoch, {s.epoch_limit} -> {epochs} epochs (evals kept on their schedule), warmup "
               f"{s.warmup_epochs:g} -> {flags['warmup_epochs']:g}, no target (top-1 1.0)",
               f"{s.world_size} ranks ({s.dgxnnodes} x {s.dgxngpu}) -> {ranks} on this machine, Gloo in place of NCCL, "
-              f"Horovod's cycle {CYCLE_MS} ms (HOROVOD_CYCLE_TIME's 0.1 ms would spin the cores the ranks share)",
+              f"Horovod's cycle {CYCLE_MS} ms (the GPU configs' HOROVOD_CYCLE_TIME=0.1 would spin the cores the ranks "
+              "share)",
               f"DALI threads {s.dali_threads} -> 1, queue {s.dali_prefetch_queue} -> 2"
               + (f", weight EMA every {s.ema_every} -> {flags['ema_every']} steps" if s.ema_decay else "")
               + (", progressive ramp over the shrunk epochs" if s.prog_start_side else "")

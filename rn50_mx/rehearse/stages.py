@@ -18,7 +18,7 @@ CHILD_TIMEOUT = 600
 GRACE = 20
 # Horovod's background cycle for the stand-in ranks (horovodrun --cycle-time-ms, which overrides HOROVOD_CYCLE_TIME):
 # a GPU config's 0.1 ms (gpu_common.sh) makes each idle rank poll Gloo 10,000 times a second, measured at 45% of a
-# core, taken from the ranks' own compute on this machine's cores; at 5 ms, 8%.
+# core, taken from the ranks' own compute on this machine's cores; at Horovod's default cycle, 8%.
 CYCLE_MS = 5
 ERROR = re.compile(r"(?:Error|error|rn50_mx[.\w]*:|Fused|refuse|not supported|Check failed)")
 TRACEBACK = "Traceback (most recent call last):"
