@@ -204,7 +204,7 @@ def batch_stats(x):
 
 
 def move(moving, batch, momentum):
-    moving[:] = moving * momentum + batch * (1 - momentum)
+    (moving * momentum + batch * (1 - momentum)).copyto(moving)  # not moving[:] =: the slice's Python costs more
 
 
 def unbiased(var, count):
@@ -301,9 +301,17 @@ class StandIn(mx.operator.CustomOp):
         self.forward = guarded(self.forward)
         self.backward = guarded(self.backward)
 
-    def write(self, dst, req, value):
-        if req != "null":
-            self.assign(dst, req, value.astype(dst.dtype, copy=False))
+    def write(self, dst, req, value=None):
+        """`value` (None: zeros) into `dst` as `req` asks, in one operator with the cast: CustomOp.assign's slice
+        assignment costs more Python than the arithmetic at the rehearsal's sizes."""
+        if req == "null" or (value is None and req == "add"):
+            return
+        if value is None:
+            nd.zeros_like(dst, out=dst)
+        elif req == "add":
+            dst += value.astype(dst.dtype, copy=False)
+        else:
+            nd.Cast(value, dtype=dst.dtype, out=dst)
 
     def no_add(self, req, where, names=None):
         for name, r in zip(self.names, req):
@@ -367,7 +375,7 @@ class FusedBatchNorm(StandIn):
         dy = f32(out_grad[0]) * (self.pre_activation(in_data, mean, var) > 0)
         dx, d_gamma, d_beta = bn_backward(dy, x, mean, 1 / nd.sqrt(var + self.p["eps"]), self.gamma(in_data[1]))
         if self.p["fix_gamma"]:
-            d_gamma = nd.zeros_like(d_gamma)  # nhwc_batch_norm-inl.h:288
+            d_gamma = None  # zeros, nhwc_batch_norm-inl.h:288
         for i, grad in enumerate((dx, d_gamma, d_beta, dy)[:len(in_grad)]):
             self.write(in_grad[i], req[i], grad)
 
@@ -458,8 +466,9 @@ class NormConv(StandIn):
 
     def conv(self, x, w):
         p = self.p
-        return nhwc(nd.Convolution(nchw(x), nchw(w), kernel=p["kernel"], stride=p["stride"], pad=p["pad"],
-                                   num_filter=p["num_filter"], no_bias=True))
+        stock = getattr(nd.Convolution, "stock", nd.Convolution)  # float32 NCHW here: the twin's casts would copy
+        return nhwc(stock(nchw(x), nchw(w), kernel=p["kernel"], stride=p["stride"], pad=p["pad"],
+                          num_filter=p["num_filter"], no_bias=True))
 
     def statistics(self, a):
         """The batch's mean and variance from the previous convolution's sums, and the count of values they sum
@@ -505,7 +514,7 @@ class NormConv(StandIn):
             refuse("NormConvolution dgrad output summation not supported when applying stats (needs extra conv "
                    "dgrad buffer not yet allocated).")
         x = f32(a["data"])
-        grads = {name: nd.zeros_like(array) for name, array in a.items()}
+        grads = {}  # zeros for any input not set below
         applied = x
         if self.normalizes:
             mean, var, _ = self.statistics(a)
@@ -523,7 +532,7 @@ class NormConv(StandIn):
             d_pre = applied.grad * (pre > 0) if self.p["act_type"] == "relu" else applied.grad
             grads["data"], grads["gamma"], grads["beta"] = bn_backward(d_pre, x, mean, inv_std, a["gamma"])
         for i, name in enumerate(self.names):
-            self.write(in_grad[i], req[i], grads[name])
+            self.write(in_grad[i], req[i], grads.get(name))
 
 
 # NormConvolution's parameters from 'Finalize', which it reads without no_norm (norm_convolution-inl.h:151-166).
@@ -613,7 +622,7 @@ class BatchStats(StandIn):
 
     def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
         for i in (0, 1):
-            self.write(in_grad[i], req[i], nd.zeros_like(in_grad[i]))
+            self.write(in_grad[i], req[i])
 
 
 class Finalize(StandIn):
@@ -638,7 +647,7 @@ class Finalize(StandIn):
                 refuse(f"BNStatsFinalize::Backward(): Unexpected req[] for {name} gradient: 3")
             self.write(in_grad[i], req[i], out_grad[i + 2])
         for i in (0, 1):
-            self.write(in_grad[i], req[i], nd.zeros_like(in_grad[i]))
+            self.write(in_grad[i], req[i])
 
 
 class BatchStatsProp(Prop):
@@ -724,7 +733,7 @@ class ScaleBiasAddRelu(StandIn):
     def forward(self, is_train, req, in_data, out_data, aux):
         self.check(in_data[0])
         self.write(out_data[0], req[0], nd.relu(self.pre_activation(self.inputs(in_data))))
-        self.write(out_data[1], req[1], nd.zeros_like(out_data[1]))
+        self.write(out_data[1], req[1])
 
     def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
         self.check(in_data[0])
@@ -733,7 +742,7 @@ class ScaleBiasAddRelu(StandIn):
         self.no_add(req, "cudnn/cudnn_scale_bias_add_relu-inl.h:297-390")
         a = self.inputs(in_data)
         dy = f32(out_grad[0]) * (self.pre_activation(a) > 0)
-        grads = {name: nd.zeros_like(array) for name, array in a.items()}
+        grads = {}  # zeros for any input not set below
         grads["dataX"], grads["x_gamma"], grads["x_beta"] = bn_backward(dy, f32(a["dataX"]), a["x_mean"],
                                                                         a["x_invvar"], a["x_gamma"])
         if "z_gamma" in a:
@@ -742,7 +751,7 @@ class ScaleBiasAddRelu(StandIn):
         elif "dataZ" in a:
             grads["dataZ"] = dy
         for i, name in enumerate(self.names):
-            self.write(in_grad[i], req[i], grads[name])
+            self.write(in_grad[i], req[i], grads.get(name))
 
 
 class ScaleBiasAddReluProp(Prop):
