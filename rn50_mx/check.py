@@ -43,7 +43,7 @@ EARLY = settings_first(lambda: arguments(sys.argv[1:]), "rn50_mx.check") if __na
 if EARLY and EARLY[0].env_names:
     run_cli(env_names, "rn50_mx.check")
 
-from . import checkpoint, data
+from . import data
 from .recipe.check import verdict
 
 
@@ -64,6 +64,8 @@ def resumable(s, state):
     """Refuses, in one line, a launch that would resume the trial its state file `state` names (trials.sh) without
     a checkpoint to resume: the trial would start afresh, appended to the stopped run's log, and the state be
     dropped. The checkpoints are looked at, not touched (the run that resumes sets refused ones aside)."""
+    from . import checkpoint  # here: reading a checkpoint loads MXNet, which the check without --resume does not
+
     remedy = f"restore it, or remove {state} to start the trials anew"
     folder = s.checkpoint_dir
     if not folder:

@@ -61,6 +61,13 @@ def checker_module():
     return rcp_checker
 
 
+def summarizer_module():
+    """mlperf_logging's result summarizer (imported on first use: it loads pandas and SciPy, a second of a CPU that a
+    tool refusing its input in one line does not spend)."""
+    from mlperf_logging.result_summarizer import result_summarizer
+    return result_summarizer
+
+
 def rcp_file(ruleset):
     """The package's ResNet RCP file of a ruleset."""
     return os.path.join(os.path.dirname(checker_module().__file__), f"{USAGE}_{ruleset}", f"rcps_{BENCHMARK}.json")

@@ -26,13 +26,11 @@ from typing import Optional
 
 from mlperf_logging.compliance_checker import mlp_compliance
 from mlperf_logging.compliance_checker.mlp_parser import parse_file
-from mlperf_logging.rcp_checker import rcp_checker
-from mlperf_logging.result_summarizer import result_summarizer
 
 from . import files
 from .config import Parser
 from .mlperf_rules import (BENCHMARK, DEFAULT_RULESET, MAX_DROPPED, PRUNED, RUNS_NEEDED, TARGET_TOP1, USAGE,
-                           load_checker, rcp_file)
+                           checker_module, load_checker, rcp_file, summarizer_module)
 from .errors import InputError, printable, run_cli
 
 # training_policies PR #503: runs faster than the RCP mean are scaled to it from the v2.1 round on; the
@@ -178,7 +176,7 @@ def read_run(path, ruleset):
     return Run(
         path=path,
         minutes=None if status in ("missing", RESUMED) or not starts else
-        result_summarizer._query_mlperf_strong_scaling_score(lines),
+        summarizer_module()._query_mlperf_strong_scaling_score(lines),
         status=status,
         converged_epoch=evals[-1][0] if status == "success" and evals else None,
         top1=evals[-1][1] if evals else None,
@@ -260,7 +258,7 @@ def score(runs):
     why = "; ".join(f"{os.path.basename(run.path)}: {drop_reason(run)}" for run in dropped)
     if len(dropped) > MAX_DROPPED:
         return None, f"invalid: {len(dropped)} runs dropped, at most {MAX_DROPPED} allowed ({why})"
-    minutes = result_summarizer._compute_olympic_average(
+    minutes = summarizer_module()._compute_olympic_average(
         [run.minutes for run in runs if run.counted], len(dropped), MAX_DROPPED)
     if dropped:
         return minutes, f"valid: olympic mean, one run dropped as the slowest ({why}) and the fastest dropped"
@@ -319,7 +317,7 @@ def check_rcp(runs, ruleset):
     with tempfile.TemporaryDirectory() as folder, checkers_muted():
         for i, run in enumerate(runs, 1):
             os.symlink(os.path.abspath(run.path), os.path.join(folder, f"result_{i}.txt"))
-        passed, message, norm = rcp_checker.check_directory(
+        passed, message, norm = checker_module().check_directory(
             folder, USAGE, ruleset, verbose=False, bert_train_samples=False, rcp_pass=PRUNED)
     verdict = RcpVerdict(passed, message, norm_factor=norm)
     # check_directory returns the verdict only; the RCP mean and lowest accepted epochs shown beside it are the
@@ -329,7 +327,7 @@ def check_rcp(runs, ruleset):
         verdict.rcp_mean, verdict.min_epochs = record["RCP Mean"], record["Min Epochs"]
     epochs = [run.converged_epoch for run in runs if run.converged_epoch is not None]
     if len(runs) - len(epochs) <= MAX_DROPPED:
-        verdict.runs_mean = result_summarizer._compute_olympic_average(epochs, len(runs) - len(epochs), MAX_DROPPED)
+        verdict.runs_mean = summarizer_module()._compute_olympic_average(epochs, len(runs) - len(epochs), MAX_DROPPED)
     return verdict
 
 
@@ -352,7 +350,7 @@ def build_report(runs, ruleset, with_rcp):
     if with_rcp:
         rcp = check_rcp(runs, ruleset)
         faster = rcp.passed and rcp.norm_factor > 1
-        applies = bool(faster and rcp_checker.is_version_at_least(ruleset, NORMALIZED_FROM))
+        applies = bool(faster and checker_module().is_version_at_least(ruleset, NORMALIZED_FROM))
         report["rcp"] = dict(asdict(rcp), normalization_applies=applies,
                              normalized_minutes=minutes * rcp.norm_factor if applies and minutes else None)
     return report

@@ -43,19 +43,31 @@ def test_bad_setting_stops_train(name, value):
     assert_one_line_naming(sourced("CPU", "python -m rn50_mx.train", {name: value}), name)
 
 
-@pytest.mark.parametrize("module, argv, code", [("rn50_mx.train", ["--wd=-inf"], 2),
-                                               ("rn50_mx.check", ["--batch-size=abc"], 2),
-                                               ("rn50_mx.check", ["--env-names"], 0)])
-def test_a_bad_setting_and_the_env_names_are_answered_before_mxnet_and_dali_load(module, argv, code):
-    """`python -m rn50_mx.train` and `python -m rn50_mx.check` (which the launchers run before each trial and
-    container) resolve their settings before they load MXNet and DALI: a bad one, or --env-names, ends the process
-    in a tenth of a second (it took 2 s of a CPU: each test of a refused setting paid it)."""
+SMALL = ["--data-train={rec}.rec", "--data-val={rec}.rec", "--batch-size=4", "--num-classes=3"]
+
+
+@pytest.mark.parametrize("module, argv, code, says", [
+    ("rn50_mx.train", ["--wd=-inf"], 2, "--wd=-inf"),
+    ("rn50_mx.check", ["--batch-size=abc"], 2, "--batch-size"),
+    ("rn50_mx.check", ["--env-names"], 0, "DALI_THREADS"),
+    ("rn50_mx.check", SMALL, 0, "data: found "),
+    ("rn50_mx.search", ["--results={tmp}/res", "--out={tmp}/cfg", "--storage=sqlite:///{tmp}/db", *SMALL], 2,
+     "cannot open the study"),  # a folder where the database would be: refused after the data check
+])
+def test_tools_answer_before_mxnet_and_dali_load(module, argv, code, says, small_rec, tmp_path):
+    """What needs no arithmetic ends before MXNet and DALI load (2 s of a CPU each time): a bad setting and
+    --env-names (train and check resolve settings first), the whole check of settings and data files (the launchers
+    run it before every trial: it reads the .idx in plain Python, rn50_mx/rec_index.py), and a search refused after
+    its data check."""
+    (tmp_path / "db").mkdir()
+    argv = [arg.format(rec=small_rec, tmp=tmp_path) for arg in argv]
     script = (f"import runpy, sys\nsys.argv = [{module!r}, *{argv!r}]\ntry:\n"
               "    runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)\n"
               "except SystemExit as end:\n"
               "    print('exit', end.code, 'loaded', {'mxnet', 'nvidia.dali'} & set(sys.modules), file=sys.stderr)\n")
     result = run([sys.executable, "-c", script], env=clean_environ())
-    assert result.stderr.strip().splitlines()[-1] == f"exit {code} loaded set()", result.stderr
+    assert result.stderr.strip().splitlines()[-1] == f"exit {code} loaded set()", result.stdout + result.stderr
+    assert says in result.stdout + result.stderr
 
 
 def test_the_images_and_dalis_own_variables_pass_and_a_near_miss_of_ours_is_named():

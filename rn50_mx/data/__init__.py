@@ -14,11 +14,23 @@ the GPU only.
 DALI 2.x has no MXNet plugin, so the iterator is ours. DALI's prefetch queue prepares the next batches while
 the model computes; see Handover for how a batch reaches MXNet on each device.
 """
-from .iters import (RING, BatchIter, DaliIter, Handover, SyntheticIter, batch_shape, build_iters, dali_iter,
-                    input_memory, make_iters, open_iters, wait_for_readers)
-from .pipeline import MEAN, STD, graph, stretch
+import importlib
+
 from .records import check_files, check_idx, named_files, present, rec_and_idx, steps_per_epoch
 
-__all__ = ["RING", "BatchIter", "DaliIter", "Handover", "SyntheticIter", "batch_shape", "build_iters", "dali_iter",
-           "input_memory", "make_iters", "open_iters", "wait_for_readers", "MEAN", "STD", "graph", "stretch",
-           "check_files", "check_idx", "named_files", "present", "rec_and_idx", "steps_per_epoch"]
+# The pipelines' names, each imported from its module when first asked for: they load MXNet and DALI (2 s of a CPU),
+# which the data check the launchers run before every trial (records above) does without.
+LAZY = {**dict.fromkeys(("RING", "BatchIter", "DaliIter", "Handover", "SyntheticIter", "batch_shape", "build_iters",
+                         "dali_iter", "input_memory", "make_iters", "open_iters", "wait_for_readers"), "iters"),
+        **dict.fromkeys(("MEAN", "STD", "graph", "stretch"), "pipeline")}
+
+__all__ = [*LAZY, "check_files", "check_idx", "named_files", "present", "rec_and_idx", "steps_per_epoch"]
+
+
+def __getattr__(name):
+    """A LAZY name, from its module (PEP 562: called for a name the package does not hold yet)."""
+    if name not in LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{LAZY[name]}", __name__), name)
+    globals()[name] = value
+    return value

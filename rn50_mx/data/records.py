@@ -5,14 +5,12 @@ import math
 import os
 import re
 
-import mxnet as mx
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from .. import prep_rec
 from ..errors import InputError
 from ..files import open_regular, regular_size, write_atomically
-from ..prep_rec.verify import RECORD_MAGIC
+from ..rec_index import RECORD_MAGIC, read_idx
 
 # --- files ----------------------------------------------------------------------------------------------
 
@@ -116,7 +114,7 @@ def last_record_whole(rec, idx, size, key, offset):
 def sound_entries(rec, idx):
     """[(key, offset)] of every .idx line; a line that is not `key<TAB>offset` is one line naming it (DALI's reader
     would fail on it with an assertion after run_start, its epoch sized on a count that included it)."""
-    entries, bad = prep_rec.read_idx(idx)
+    entries, bad = read_idx(idx)
     if bad:
         where, _, problem = bad[0]
         raise InputError(f"{idx}: {where}: {problem}; pack the images again (python -m rn50_mx.prep_rec verify "
@@ -126,7 +124,7 @@ def sound_entries(rec, idx):
 
 def record_at(idx, offset):
     """The record index (the .idx key) of the record that starts at byte `offset` of the .rec."""
-    entries, _ = prep_rec.read_idx(idx)
+    entries, _ = read_idx(idx)
     return dict((o, key) for key, o in entries).get(offset, f"at byte offset {offset}")
 
 
@@ -136,6 +134,8 @@ def first_unidentified(rec, idx):
     Only for the DALI failures that do not name their sample (a header nvImageCodec cannot parse): reading
     each header is far cheaper than decoding every image, which `prep_rec verify` does.
     """
+    import mxnet as mx  # here, not above: the launchers' data check (python -m rn50_mx.check) reads no record
+
     records = mx.recordio.MXIndexedRecordIO(idx, rec, "r")
     try:
         for key in records.keys:
@@ -212,7 +212,7 @@ def check_labels(shapes, labels, sources, num_classes, rec, idx):
 
 def index_without(idx, keys, dest):
     """dest: a copy of the .idx without the records `keys` (written under a temporary name, then renamed)."""
-    lines = (f"{key}\t{offset}\n" for key, offset in prep_rec.read_idx(idx)[0] if key not in keys)
+    lines = (f"{key}\t{offset}\n" for key, offset in read_idx(idx)[0] if key not in keys)
     write_atomically(dest, "".join(lines), "the shortened index")
     return dest
 

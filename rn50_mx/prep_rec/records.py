@@ -21,7 +21,8 @@ import mxnet as mx
 from tqdm import tqdm
 
 from ..errors import InputError
-from ..files import os_error, owned, refuse_existing, regular_input, remove_quietly, temp_name
+from ..files import os_error, owned, refuse_existing, remove_quietly, temp_name
+from ..rec_index import text_lines
 
 Item = namedtuple("Item", "index label path")  # one .lst line; path is relative to the source folder
 
@@ -47,17 +48,6 @@ class Summary:
 
 
 # --- .lst files ----------------------------------------------------------------------------------------
-
-def text_lines(path):
-    """The lines of a text file, or an InputError naming it (a FIFO or another special file too)."""
-    try:
-        with open(regular_input(path), encoding="utf-8") as f:
-            return f.read().splitlines()
-    except OSError as err:
-        raise InputError(f"{path}: cannot read ({err.strerror})") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: not a text file") from None
-
 
 def read_lst(path):
     """The Items of an im2rec .lst file (`index<TAB>label<TAB>relative path` per line), in file order."""

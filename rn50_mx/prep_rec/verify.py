@@ -11,28 +11,9 @@ import mxnet as mx
 from mxnet.base import _LIB, MXNetError, check_call
 
 from ..files import open_regular
+from ..rec_index import RECORD_MAGIC, read_idx
 from .images import decode_problem
-from .records import Summary, ordered_map, progress_bar, text_lines
-
-RECORD_MAGIC = 0xCED7230A
-
-
-def read_idx(path):
-    """[(key, offset)] of an .idx file, and [(key or line, offset, problem)] for the lines that are not sound."""
-    entries, bad, keys, offsets = [], [], set(), set()
-    for number, line in enumerate(text_lines(path), 1):
-        try:
-            key, offset = map(int, line.split("\t"))
-        except ValueError:
-            bad.append((f"line {number}", None, f".idx line is not 'key<TAB>offset': {line[:80]!r}"))
-            continue
-        if key in keys or offset in offsets:
-            bad.append((key, offset, "the .idx lists this key or offset twice"))
-            continue
-        keys.add(key)
-        offsets.add(offset)
-        entries.append((key, offset))
-    return entries, bad
+from .records import Summary, ordered_map, progress_bar
 
 
 def records_at(rec_path, entries):
