@@ -241,17 +241,25 @@ def rank_seed(s, d):
     return base, seed
 
 
+def warm_up_runs(s):
+    """Runs of each graph in the warm-up: two on a GPU, where MXNet runs a bulked segment conventionally once and
+    captures its CUDA graph on the second run (src/imperative/cuda_graphs.h, CudaGraphsExec::RunAll, with
+    MXNET_ENABLE_CUDA_GRAPHS); one on the CPU, which has no CUDA graph and whose first run builds and allocates all
+    there is (a second cost every run a step's CPU for nothing)."""
+    return 2 if s.device == "gpu" else 1
+
+
 def warm_up(net, loss_fn, trainer, s, ctx):
     """Do every first-time cost before the clock starts, then undo its effects on the model.
 
-    Two eval forwards at the val images' shape (--val-crop), then two training steps on zeros (the first builds and
-    allocates the static graphs, tunes cuDNN and creates the optimizer states; MXNet's CUDA graphs capture a segment
-    on its second run), with their gradient allreduce and update. Training comes last: a block hybridized with
-    static_alloc keeps one state per device and re-allocates and re-initialises it whenever the `recording` flag
-    differs from its last run (MXNet 1.9.1 src/imperative/cached_op.cc, StaticForward: `match = match &&
-    state.recording == recording`), so the first timed step finds the training graph as the warm-up left it. Then
-    the weights, BatchNorm statistics, optimizer states and update count are put back as they were, so the timed run
-    is exactly the run it would have been without the warm-up.
+    warm_up_runs(s) eval forwards at the val images' shape (--val-crop), then as many training steps on zeros (the
+    first builds and allocates the static graphs, tunes cuDNN and creates the optimizer states; MXNet's CUDA graphs
+    capture a segment on the second), with their gradient allreduce and update. Training comes last: a block
+    hybridized with static_alloc keeps one state per device and re-allocates and re-initialises it whenever the
+    `recording` flag differs from its last run (MXNet 1.9.1 src/imperative/cached_op.cc, StaticForward: `match =
+    match && state.recording == recording`), so the first timed step finds the training graph as the warm-up left
+    it. Then the weights, BatchNorm statistics, optimizer states and update count are put back as they were, so the
+    timed run is exactly the run it would have been without the warm-up.
 
     With progressive resizing every training size is traced, the first epoch's last: the block keeps one static
     state per device, so each change of shape in the run re-infers shapes and re-allocates that state (cached_op.cc,
@@ -262,14 +270,14 @@ def warm_up(net, loss_fn, trainer, s, ctx):
     saved = [p.data().copy() for p in params]
     label = mx.nd.zeros((s.batch_size,), ctx=ctx)
     val_x = mx.nd.zeros(data.batch_shape(s, train=False), ctx=ctx, dtype=s.input_dtype)
-    for _ in range(2):
+    for _ in range(warm_up_runs(s)):
         scores(net, val_x, flip_axis(s)).wait_to_read()  # read before the training graph reuses the static memory
         watchdog.mark(watchdog.WARM_UP)  # each graph build and run is progress: the floor covers the longest
     update = 1 if s.batch_schedule else None  # with --batch-schedule, each warm-up step clears its gradient sums
     for hw in reversed(s.train_sizes):  # every size of --prog-start-side's schedule; the first epoch's last
         zeros = mx.io.DataBatch(data=[mx.nd.zeros(data.batch_shape(s, hw=hw), ctx=ctx, dtype=s.input_dtype)],
                                 label=[label])
-        for _ in range(2):
+        for _ in range(warm_up_runs(s)):
             train_step(net, loss_fn, trainer, zeros, update)
             mx.nd.waitall()
             watchdog.mark(watchdog.WARM_UP)

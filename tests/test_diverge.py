@@ -17,7 +17,7 @@ from tests.support.settings import TINY
 from rn50_mx import checkpoint, timing
 
 THIS = os.path.abspath(__file__)
-WARM_UP_STEPS = 2  # train.warm_up's steps on zeros (one training size), recorded first
+WARM_UP_STEPS = 1  # train.warm_up's steps on zeros on the CPU (one training size, train.warm_up_runs), recorded first
 # A synthetic run of 16 steps an epoch (2 epochs, 3 classes, 32x32), plain SGD without momentum.
 SYNTHETIC = ["--synthetic", "1", "--num-examples", "64", "--batch-size", "4", "--num-epochs", "2", "--warmup-epochs",
              "0", "--eval-offset", "0", "--image-shape", "3,32,32", "--num-classes", "3", "--optimizer", "sgd", "--mom",
