@@ -2,12 +2,19 @@
 are in tests/support/); and the suite's cost profile (tests/support/costs.py), printed at the end of every run."""
 import os
 import shutil
+import signal
 
 import pytest
 
 from tests.support.procs import SHARED_CORES
 
 os.environ.update(SHARED_CORES)  # before MXNet loads (libgomp reads it once): this process and what it starts
+# A suite started in the background by a non-interactive shell (`make test &` in a script, nohup) inherits SIGINT
+# ignored, and so would every process it starts: a shell that starts with a signal ignored cannot trap it (POSIX), so
+# the launchers' Ctrl-C paths could not run, and their tests failed (the launcher hung, or died of SIGINT at -2).
+# Ctrl-C comes back here, for this process and, at exec, for what it starts.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from rn50_mx import prep_rec  # noqa: E402  (MXNet loads here, after the line above)
 from tests.support import schedule  # noqa: E402
