@@ -6,6 +6,7 @@ made without a context (the bug that crashed every GPU trial at its first eval) 
 makes this MXNet refuse a mix of cpu(0) and cpu(1) the same way, and the step, the warm-up and the eval then run
 on cpu(1): any array they make on the default context meets the others in some operator and fails there.
 """
+import dataclasses
 import os
 import re
 
@@ -111,18 +112,20 @@ def test_warm_up_leaves_no_trace_on_the_run(small_rec, dtype):
         np.testing.assert_allclose(runs[True][name], value, rtol=1e-5, atol=1e-7, err_msg=name)
 
 
-def test_warm_up_ends_with_the_training_graph(small_rec):
+@pytest.mark.parametrize("device, runs", [("cpu", 1), ("gpu", 2)])
+def test_warm_up_ends_with_the_training_graph(small_rec, device, runs):
     """A static_alloc block re-initialises its graph whenever `recording` differs from its last run (MXNet
     cached_op.cc StaticForward): the warm-up's last forward must be a training one, for the network and the loss
     (hybridized with it), or the first timed step pays the re-initialisation (and on the GPU re-captures its
-    CUDA graphs at step 2)."""
+    CUDA graphs at step 2). Each graph runs twice for a GPU config (its CUDA graphs are captured on the second run),
+    once on the CPU (the GPU setting's count, run here on the CPU)."""
     s = run_settings(small_rec)
     net, loss_fn, trainer = trained_parts(s, mx.cpu())
     recording = {"net": [], "loss": []}
     net.register_forward_hook(lambda *_: recording["net"].append(mx.autograd.is_recording()))
     loss_fn.register_forward_hook(lambda *_: recording["loss"].append(mx.autograd.is_recording()))
-    train.warm_up(net, loss_fn, trainer, s, mx.cpu())
-    assert recording["net"] == [False, False, True, True] and recording["loss"] == [True, True]
+    train.warm_up(net, loss_fn, trainer, dataclasses.replace(s, device=device), mx.cpu())  # only the runs' count
+    assert recording["net"] == [False] * runs + [True] * runs and recording["loss"] == [True] * runs
 
 
 def test_the_run_context_comes_from_the_device_setting(monkeypatch):
