@@ -199,8 +199,11 @@ class LineReader:
 def main():
     cases = json.load(sys.stdin)
     # Imported as root, before a case runs as another user: this Python's own library lies in root's home here,
-    # which nobody cannot read (a user's own Python reads its own).
-    for module in {case["module"] for case in cases} | {"matplotlib.pyplot", "optuna", "nvidia.dali"}:
+    # which nobody cannot read (a user's own Python reads its own). The tools' modules, and what they import on
+    # first use only (a tool that refuses its input loads none of it).
+    for module in {case["module"] for case in cases} | {"matplotlib.pyplot", "optuna", "nvidia.dali", "mxnet",
+                                                        "mlperf_logging.result_summarizer.result_summarizer",
+                                                        "mlperf_logging.rcp_checker.rcp_checker"}:
         __import__(module)
     errors.quit_now = quit_now
     # runpy's note that a module it runs as __main__ was imported already (here, by design): no command prints it
