@@ -47,15 +47,18 @@ def test_the_batches_of_each_epoch_have_the_schedule_s_size(three_classes, antia
 
 
 def test_the_warm_up_trains_at_every_size_the_first_epoch_s_last_and_leaves_the_model_as_it_was(three_classes):
-    """Each size of the schedule gets its two training steps before run_start (then the first timed step finds the
-    static graph at its own shape), and the weights, statistics and optimizer states are put back."""
+    """Each size of the schedule gets its warm-up steps (one on the CPU, train.warm_up_runs) before run_start (then
+    the first timed step finds the static graph at its own shape), and the weights, statistics and optimizer states
+    are put back."""
     s = open_settings(three_classes, **RAMP)
     net, loss_fn, trainer = trained_parts(s, mx.cpu())
     before = snapshot(net)
     seen = []
     net.register_forward_pre_hook(lambda _, inputs: seen.append((inputs[0].shape[2:], mx.autograd.is_recording())))
     train.warm_up(net, loss_fn, trainer, s, mx.cpu())
-    assert seen == [((64, 64), False)] * 2 + [((64, 64), True)] * 2 + [((48, 48), True)] * 2 + [((32, 32), True)] * 2
+    runs = train.warm_up_runs(s)
+    assert runs == 1 and seen == [((64, 64), False)] * runs + [((64, 64), True)] * runs + [
+        ((48, 48), True)] * runs + [((32, 32), True)] * runs
     after = snapshot(net)
     assert [k for k in before if not np.array_equal(before[k], after[k])] == []
     assert trainer._optimizer.num_update == 0
