@@ -270,14 +270,15 @@ def warm_up(net, loss_fn, trainer, s, ctx):
     saved = [p.data().copy() for p in params]
     label = mx.nd.zeros((s.batch_size,), ctx=ctx)
     val_x = mx.nd.zeros(data.batch_shape(s, train=False), ctx=ctx, dtype=s.input_dtype)
-    for _ in range(warm_up_runs(s)):
+    runs = warm_up_runs(s)
+    for _ in range(runs):
         scores(net, val_x, flip_axis(s)).wait_to_read()  # read before the training graph reuses the static memory
         watchdog.mark(watchdog.WARM_UP)  # each graph build and run is progress: the floor covers the longest
     update = 1 if s.batch_schedule else None  # with --batch-schedule, each warm-up step clears its gradient sums
     for hw in reversed(s.train_sizes):  # every size of --prog-start-side's schedule; the first epoch's last
         zeros = mx.io.DataBatch(data=[mx.nd.zeros(data.batch_shape(s, hw=hw), ctx=ctx, dtype=s.input_dtype)],
                                 label=[label])
-        for _ in range(warm_up_runs(s)):
+        for _ in range(runs):
             train_step(net, loss_fn, trainer, zeros, update)
             mx.nd.waitall()
             watchdog.mark(watchdog.WARM_UP)

@@ -10,11 +10,12 @@ scripts/prepare_imagenet.sh), one module per part:
 records.py writes the files every source gives (the format of im2rec.py --pass-through); images.py says what an
 image's bytes are; cli.py is the command line.
 """
+from ..rec_index import read_idx
 from .fashion_mnist import FASHION_MNIST_CLASSES, load_fashion_mnist, make_fashion_mnist, write_fashion_mnist_jpegs
 from .folders import list_images, pack, pack_train_val
 from .imagenet import pack_imagenet
 from .records import Item, Summary, read_lst, write_lst
-from .verify import read_idx, verify
+from .verify import verify
 from .cli import main, parser
 
 __all__ = ["FASHION_MNIST_CLASSES", "Item", "Summary", "list_images", "load_fashion_mnist", "main",
