@@ -114,15 +114,14 @@ tie_launch() {
 # The watcher of tie_to: waits for process $1 to end, then ends launch $2's processes and containers (with $4 =
 # containers) and says so in one line when it found any.
 watch_launch() {
-    local nap start
+    local start
     trap '' PIPE HUP INT TERM QUIT  # a signal to everything named alike, or to the terminal's group, is not for it
-    exec {nap}<> <(:)  # a pipe no one writes: `read -t` on it sleeps without starting a process
     start=${2##*-}
-    while read_start "$1" && [[ "$START_TIME" == "$start" ]]; do read -r -t 0.05 -u "$nap" || true; done
+    while read_start "$1" && [[ "$START_TIME" == "$start" ]]; do nap 0.05; done
     LAUNCHER=$3
     local ended settle=0
     # What a launcher that ended well started is ending too (a pipeline's last process): given 0.5 s to do so.
-    while [[ -n "$(launch_pids "$2")" ]] && (( settle++ < 10 )); do read -r -t 0.05 -u "$nap" || true; done
+    while [[ -n "$(launch_pids "$2")" ]] && (( settle++ < 10 )); do nap 0.05; done
     ended=$(end_launch "$2" "${4:-}" 3)
     [[ "$ended" == "0 0" ]] || say_error "process $1 ended, ${ended% *} process(es) and ${ended#* } container(s) of" \
         "its launch still running: ended them"
@@ -153,7 +152,7 @@ end_launch() {
         if (( rounds == 0 )) && [[ "$containers" == containers ]]; then removed=$(remove_containers "$id"); fi
         rounds=$((rounds + 1))
         (( rounds < grace * 5 )) || signal=KILL
-        sleep 0.2
+        nap 0.2
     done
     # A `docker run` client killed as it created its container leaves one that the first removal missed.
     if [[ "$containers" == containers ]]; then
@@ -190,32 +189,41 @@ run_in_group() {
     return "$status"
 }
 
-# Group $1 was asked to stop by SIG$2: passes it on, and ends what still runs of the launch STOP_GRACE seconds later
-# (default 10); once the group's leader has ended, calls stop_group (the launcher's own, with the leader's status, the
-# signal and the exit status 128 + the signal), else exits 128 + the signal.
+# Group $1 was asked to stop by SIG$2: passes it on, and waits until nothing of the group runs, ending what still runs
+# of the launch STOP_GRACE seconds later (default 10; a rank stuck in a collective never runs its signal handler),
+# whatever its group, containers included: a stop never hangs. Then calls stop_group (the launcher's own, with the
+# leader's status, the signal and the exit status 128 + the signal), else exits 128 + the signal. The grace is counted
+# here, between naps, not by a timer in the background: a timer's `sleep` outlived the launcher when the timer was
+# ended before it had become `sleep` (the watcher then ended it, and said so after the launcher's last line).
 stopped_group() {
-    local status=0 watchdog
+    local status=137 deadline=$((SECONDS + ${STOP_GRACE:-10} + 1))
     kill -"$2" -- "-$1" 2>/dev/null
-    # What still runs STOP_GRACE seconds later (a rank stuck in a collective never runs its signal handler) is killed,
-    # whatever its group, containers included: a stop never hangs.
-    ( sleep "${STOP_GRACE:-10}"; kill -0 -- "-$1" 2>/dev/null || exit
-      say_error "stopped by SIG$2: what it started still ran ${STOP_GRACE:-10} s later; killed"
-      end_launch "$LAUNCH_ID" "$LAUNCH_CONTAINERS" 0 "$$" "$BASHPID" >/dev/null ) &
-    watchdog=$!
-    # A trapped signal ends `wait` early: wait until the leader has ended, then take its status (bash keeps it); then
-    # the rest of its group. Quiet: bash's own line for a job killed meanwhile is not shown (the watchdog's says it),
-    # and the watchdog's end_launch, which spares this shell alone, may kill this shell's sleep.
-    {
-        while kill -0 "$1"; do wait "$1" || true; done
-        wait "$1" || status=$?
-        while kill -0 -- "-$1"; do sleep 0.2 || true; done
-        pkill -P "$watchdog" sleep || true  # its sleep, which would outlive it
-        kill "$watchdog" || true
-        wait "$watchdog" || true
-    } 2>/dev/null
+    while kill -0 -- "-$1" 2>/dev/null; do
+        if (( SECONDS >= deadline )); then
+            say_error "stopped by SIG$2: what it started still ran ${STOP_GRACE:-10} s later; killed"
+            end_launch "$LAUNCH_ID" "$LAUNCH_CONTAINERS" 0 "$$" "$BASHPID" >/dev/null
+            break
+        fi
+        nap 0.2
+    done
+    # The leader's status, which bash keeps once it has reaped it; quiet: bash's own line for a killed job is not
+    # shown (the line above says it).
+    if ! kill -0 "$1" 2>/dev/null; then
+        status=0
+        wait "$1" 2>/dev/null || status=$?
+    fi
     if declare -F stop_group >/dev/null; then stop_group "$status" "$2" "$3"; fi
     say_error "stopped by SIG$2"
     exit "$3"
+}
+
+# Sleeps $1 seconds without starting a process: `read -t` on a pipe no one writes (opened on the first nap; a subshell
+# shares it). A shell ended mid-nap leaves no child behind, where a `sleep` (or whatever PATH calls sleep) could
+# outlive it.
+unset NAP_FD  # this file's, never the environment's
+nap() {
+    [[ -n "${NAP_FD:-}" ]] || exec {NAP_FD}<> <(:)
+    read -r -t "$1" -u "$NAP_FD" || true
 }
 
 # --- locks ----------------------------------------------------------------------------------------------------------

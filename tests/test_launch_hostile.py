@@ -323,11 +323,18 @@ def test_a_signal_at_each_stage_leaves_nothing_running(shared, tmp_path, stage, 
     line named the launcher, so it died with it and the trial ran on. Mid-trial is a real training (signalled once
     its process runs); the summary follows a stand-in trial that ends at once (FINISHES); the data check and the
     summary are held until the signal's effects end them (HELD), so that each is still running then on any
-    machine."""
+    machine. The `sleep` on PATH is a wrapper that runs the real one as its child: the old stop's grace timer was a
+    background `sleep`, ended with `pkill -P TIMER sleep` and then the timer; a `sleep` that was not yet `sleep` then
+    (forked, not yet exec'd: one CI run in many, under load), as a wrapper's child always is, ran on after the
+    launcher's last line, and its watcher ended it with a line of its own."""
     env = {**TINY_KEEP_CACHES, "NUMEPOCHS": "200", "ACCURACY_THRESHOLD": "1.0", "DATADIR": shared["data"],
            "LOGDIR": str(tmp_path / "logs"), "NEXP": "1", "DATESTAMP": "t"}
     site = tmp_path / "site"
     site.mkdir()
+    wrapped = tmp_path / "bin"
+    wrapped.mkdir()
+    (wrapped / "sleep").write_text(f'#!/bin/sh\n{shutil.which("sleep")} "$@"\n')
+    (wrapped / "sleep").chmod(0o755)
     bad_values.fifo(tmp_path / "never")
     (site / "sitecustomize.py").write_text((FINISHES if stage == "during the summary" else "") + (
         HELD.format(marker=STAGES[stage], fifo=str(tmp_path / "never")) if stage != "mid-trial" else ""))
@@ -335,7 +342,8 @@ def test_a_signal_at_each_stage_leaves_nothing_running(shared, tmp_path, stage, 
     out = tmp_path / "out.txt"
     with open(out, "w") as sink:
         proc = subprocess.Popen(["bash", "-c", f"source config/CPU.sh; {exports}exec ./run_with_docker.sh"], cwd=ROOT,
-                                env={"PATH": ENV_PATH, "HOME": "/tmp", "PYTHONPATH": f"{site}:{ROOT}"},
+                                env={"PATH": f"{wrapped}:{ENV_PATH}", "HOME": "/tmp",
+                                     "PYTHONPATH": f"{site}:{ROOT}"},
                                 stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline, launch_id = time.time() + 600, None
