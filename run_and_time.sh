@@ -113,11 +113,12 @@ fi
 stream=$(mktemp)
 trap 'rm -f "$stream"' EXIT
 # The filter ignores SIGUSR1 (Slurm's --signal reaches it too), SIGTERM and SIGINT: it writes the ranks' lines until
-# they end (their checkpoint's on a signal), and this script waits for it. The launcher runs in a process group of its
+# they end (their checkpoint's on a signal), and this script waits for it; to the stream file still when this
+# script's reader has gone (tee -p: a terminal's `| tee` ended by Ctrl-C). The launcher runs in a process group of its
 # own (set -m), so that a signal to this script's group (the trial loop's stop, a Ctrl-C) reaches it once, from
 # stop_launcher below, as in a container: a second SIGTERM ends a rank at once, before its checkpoint.
 exec {to_filter}> >(trap '' USR1 TERM INT; sed -u -E '/^(\[[0-9,]+\]<std(out|err)>:)?:::MLLOG /s/\[[0-9,]+\]<std(out|err)>://g' |
-                    tee "$stream")
+                    tee -p "$stream")
 filter=$!
 # horovodrun with MPI (the NGC image's; here too) runs mpirun under `/bin/sh -c`, which does not pass a signal on.
 # mpirun gets SIGUSR1, which it passes to every rank (its SIGTERM kills them a second later, odls_base_sigkill_timeout):

@@ -214,7 +214,9 @@ clear_caches() {
 # its own if the stopped one was cut mid-line. The log is there already (run_trials creates it): tee appends.
 # A SIGTERM or SIGINT to the trial's group (run_in_group) is for run_trial's command alone, which passes it on to the
 # training (run_and_time.sh, docker run): the shells here wait for it and keep its status (75 when it stopped at a
-# checkpoint), and tee writes the log to the trial's last line.
+# checkpoint), and tee writes the log to the trial's last line, to the terminal too while it can: a reader of the
+# launcher's output that goes first (a terminal's `| tee`, which Ctrl-C ends at once) is no longer written to (tee -p),
+# where tee died of SIGPIPE, and with it the log's last lines, the output filters and the resumable stop.
 one_trial() {
     local log=${logs[-1]} begin="Beginning" tee_errors statuses
     trap : TERM INT
@@ -236,7 +238,7 @@ one_trial() {
             export SEED="$2"
             trap : TERM INT
             run_trial
-        ) |& (trap '' TERM INT; exec tee -a -- "$log" 2>"$tee_errors")  # ignored: tee ends when its input does
+        ) |& (trap '' TERM INT; exec tee -p -a -- "$log" 2>"$tee_errors")  # ignored: tee ends when its input does
         statuses=("${PIPESTATUS[@]}")
     } || true
     if (( statuses[1] != 0 )); then

@@ -531,28 +531,43 @@ def runs(procs, module):
 
 
 @pytest.mark.slow
-def test_sigterm_on_run_with_docker_with_a_checkpoint_folder_leaves_a_resumable_stop(shared, tmp_path):
+@pytest.mark.parametrize("how", ["SIGTERM to the launcher", "Ctrl-C in its terminal, under | tee"])
+def test_a_stop_with_a_checkpoint_folder_leaves_a_resumable_stop(shared, tmp_path, how):
     """With RN50_CHECKPOINT_DIR, SIGTERM to the bare launcher stops the trial as in a container: the training writes
     its checkpoint, the trial's log keeps its last lines, the launcher exits 75 leaving LOGDIR/t.resume, and the next
     launch resumes the trial to run_stop success with its seed. The old launcher sent SIGTERM to the trial's whole
     group: the training got it twice (from the group and from run_and_time.sh; the second ends it at once) and its
     output filters and tee died (the next progress line raised BrokenPipeError), so no checkpoint was written, and the
-    launcher, waiting for the group's leader only, exited 143 with the training still on its way out."""
+    launcher, waiting for the group's leader only, exited 143 with the training still on its way out.
+    Ctrl-C with the launcher's output piped to tee: SIGINT reaches the user's tee too, which dies at once. The trial's
+    own tee then died of SIGPIPE at its next line to the terminal, and with it the trial's log and the output filters
+    of run_and_time.sh: the checkpoint's lines never reached the log, the stop was not resumable, and the launcher
+    exited 130 with no t.resume. (The resume itself is the SIGTERM case's.)"""
     logs, folder = tmp_path / "logs", tmp_path / "ckpt"
     env = {**TINY_KEEP_CACHES, "NUMEPOCHS": "3", "EVAL_PERIOD": "3", "EVAL_OFFSET": "2", "DISP_BATCHES": "1",
            "DATADIR": shared["data"], "LOGDIR": str(logs), "NEXP": "1", "DATESTAMP": "t",
            "RN50_CHECKPOINT_DIR": str(folder)}
-    command, _ = launcher("./run_with_docker.sh", env)
-    status, text = sigterm_to(command, tmp_path / "out.txt",
-                              lambda out, procs: "epoch 1 step 1/" in out and runs(procs, "rn50_mx.train"))
+    terminal = how.startswith("Ctrl-C")
+    run_it = f"./run_with_docker.sh 2>{tmp_path / 'err.txt'} | tee {tmp_path / 'tee.txt'}" if terminal else \
+        "./run_with_docker.sh"
+    command, _ = launcher(run_it, env)
+    status, text = sigterm_to(command, tmp_path / "out.txt", lambda out, procs: "epoch 1 step 1/" in out and
+                              runs(procs, "rn50_mx.train"), group=terminal)
     log = (logs / "t_1.log").read_text()
-    assert status == 75, text[-3000:]
+    if terminal:  # the pipeline's status is tee's; the launcher's last words are in its stderr
+        text = (tmp_path / "err.txt").read_text()
+    else:
+        assert status == 75, text[-3000:]
+    signal_name = "SIGINT" if terminal else "SIGTERM"
     assert text.strip().splitlines()[-1] == (
-        "run_with_docker.sh: stopped by SIGTERM in trial 1 of 1: stopped, resumable; no further trial runs")
+        f"run_with_docker.sh: stopped by {signal_name} in trial 1 of 1: stopped, resumable; no further trial runs"), \
+        text[-3000:] + log[-2000:]
     steps = [name for name in files_in(folder) if name.startswith("step-")]
     assert len(steps) == 1 and files_in(logs) == ["t.resume", "t_1.log"], (files_in(folder), files_in(logs))
     assert mllog(logs / "t_1.log", "resumable_stop") == [str(folder / steps[0])], log[-2000:]
     assert log.endswith(f'run_and_time.sh: stopped, resumable (checkpoint "{folder / steps[0]}")\n'), log[-2000:]
+    if terminal:
+        return
     result = run(command, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert files_in(logs) == ["t_1.log"]

@@ -126,12 +126,13 @@ def files_in(folder):
     return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
 
 
-def sigterm_to(command, out, ready):
-    """Start `command` (from the repository), send it SIGTERM once ready(output, its processes) holds; none of its
-    processes may be left running. Returns its exit status and its output."""
+def sigterm_to(command, out, ready, group=False):
+    """Start `command` (from the repository), send it SIGTERM once ready(output, its processes) holds (with `group`,
+    SIGINT to its process group, as a terminal's Ctrl-C); none of its processes may be left running. Returns its exit
+    status and its output."""
     with open(out, "w") as sink:
         proc = subprocess.Popen(command, env={"PATH": ENV_PATH, "HOME": "/tmp", **PYTHONPATH, **SHARED_CORES},
-                                cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
+                                cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, start_new_session=group)
     procs = []
     try:
         deadline = time.time() + 300
@@ -140,7 +141,10 @@ def sigterm_to(command, out, ready):
             time.sleep(0.2)
             with contextlib.suppress(psutil.NoSuchProcess):
                 procs = psutil.Process(proc.pid).children(recursive=True)
-        proc.send_signal(signal.SIGTERM)
+        if group:
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGTERM)
         status = proc.wait(timeout=60)
         _, alive = psutil.wait_procs(procs, timeout=15)
         alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
