@@ -15,7 +15,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/exit_codes.sh"
 LAUNCH_LIB=$(readlink -f -- "${BASH_SOURCE[0]}")
 
-say_error() { echo "${LAUNCHER}: $*" >&2; }
+say_error() { echo "${LAUNCHER}: $*" >&2 || true; }  # a reader that has gone (stopped_group) ends no launcher here
 die() { say_error "$@"; exit 2; }
 
 # --- names ----------------------------------------------------------------------------------------------------------
@@ -129,14 +129,27 @@ watch_launch() {
 
 # The pids of launch $1's processes but $2...: those whose environment holds the id in RN50MX_LAUNCH, and the members
 # of the process groups such a process leads (a command run with a cleared environment, as mmdebstrap's hooks are,
-# stays in its parent's group).
+# stays in its parent's group). Never the caller's own: the shells it runs in (its ancestors) and its helpers (ps,
+# grep, awk), which carry the id when a launcher ends its own launch (stopped_group), so that the ending finds an end.
 launch_pids() {
     local id=$1
     shift
-    ps -e -o pid=,pgid=,stat= | awk -v marked="$(grep -lzE "^RN50MX_LAUNCH=(.* )?${id}( .*)?$" /proc/[0-9]*/environ \
-                                                 2>/dev/null | cut -d/ -f3)" -v spared="$*" '
-        BEGIN { split(marked, m); for (i in m) tied[m[i]] = 1; split(spared, s); for (i in s) skip[s[i]] = 1 }
-        ($1 in tied || $2 in tied) && !($1 in skip) && $3 !~ /^Z/ { print $1 }'
+    (
+        self=$BASHPID  # this subshell: ps, grep and awk are its children
+        ps -e -o pid=,ppid=,pgid=,stat= | awk -v self="$self" -v spared="$*" -v marked="$(
+            grep -lzE "^RN50MX_LAUNCH=(.* )?${id}( .*)?$" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3)" '
+            BEGIN { split(marked, m); for (i in m) tied[m[i]] = 1; split(spared, s); for (i in s) skip[s[i]] = 1 }
+            { parent[$1] = $2; group[$1] = $3; state[$1] = $4 }
+            END {
+                for (up = self; up in parent && n++ < 1000; up = parent[up]) own[up] = 1
+                for (pid in parent) {
+                    if (!(pid in tied || group[pid] in tied) || pid in skip || pid in own || state[pid] ~ /^Z/) continue
+                    k = 0
+                    for (up = pid; up in parent && up != self && k++ < 1000; up = parent[up]) {}
+                    if (up != self) print pid
+                }
+            }'
+    )
 }
 
 # Ends launch $1's processes (but the pids $4...) and, with $2 = containers, its containers (docker rm -f by its
@@ -196,10 +209,14 @@ run_in_group() {
 # here, between naps, not by a timer in the background: a timer's `sleep` outlived the launcher when the timer was
 # ended before it had become `sleep` (the watcher then ended it, and said so after the launcher's last line).
 stopped_group() {
-    local status=137 deadline=$((SECONDS + ${STOP_GRACE:-10} + 1))
+    local status=137
+    # A second signal (a trap run mid-nap: this function again) keeps the first one's deadline. A reader of the
+    # launcher's output that has gone (Ctrl-C ends a terminal's `|& tee` too) ends no stop: its lines are dropped.
+    STOP_DEADLINE=${STOP_DEADLINE:-$((SECONDS + ${STOP_GRACE:-10} + 1))}
+    trap '' PIPE
     kill -"$2" -- "-$1" 2>/dev/null
     while kill -0 -- "-$1" 2>/dev/null; do
-        if (( SECONDS >= deadline )); then
+        if (( SECONDS >= STOP_DEADLINE )); then
             say_error "stopped by SIG$2: what it started still ran ${STOP_GRACE:-10} s later; killed"
             end_launch "$LAUNCH_ID" "$LAUNCH_CONTAINERS" 0 "$$" "$BASHPID" >/dev/null
             break
@@ -212,15 +229,16 @@ stopped_group() {
         status=0
         wait "$1" 2>/dev/null || status=$?
     fi
+    trap '' TERM INT  # the stop is decided: a later signal would run stop_group a second time (its state half written)
     if declare -F stop_group >/dev/null; then stop_group "$status" "$2" "$3"; fi
     say_error "stopped by SIG$2"
     exit "$3"
 }
 
-# Sleeps $1 seconds without starting a process: `read -t` on a pipe no one writes (opened on the first nap; a subshell
-# shares it). A shell ended mid-nap leaves no child behind, where a `sleep` (or whatever PATH calls sleep) could
+# Sleeps $1 seconds without starting a process: `read -t` on a pipe no one writes (opened on the first nap, which sets
+# $!; a subshell shares it). A shell ended mid-nap leaves no child behind, where a `sleep` (or whatever PATH calls sleep) could
 # outlive it.
-unset NAP_FD  # this file's, never the environment's
+unset NAP_FD STOP_DEADLINE  # this file's, never the environment's
 nap() {
     [[ -n "${NAP_FD:-}" ]] || exec {NAP_FD}<> <(:)
     read -r -t "$1" -u "$NAP_FD" || true

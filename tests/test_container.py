@@ -222,8 +222,8 @@ def test_a_killed_launcher_leaves_no_container_and_no_process(engine, three_clas
     launch_id = psutil.Process(proc.pid).environ()["RN50MX_LAUNCH"]
     # this launch's training: in its container (the suite's other container launches run beside it)
     [container] = engine.docker("ps", "-q", "--filter", f"label=rn50-mx.launch={launch_id}").stdout.split()
-    init = psutil.Process(int(engine.docker("inspect", "--format", "{{.State.Pid}}", container).stdout))
-    [training] = [p for p in init.children(recursive=True) if p.cmdline()[1:3] == ["-m", "rn50_mx.train"]]
+    init = int(engine.docker("inspect", "--format", "{{.State.Pid}}", container).stdout)
+    [training] = [p for p, command in descendants(init).items() if command[1:3] == ["-m", "rn50_mx.train"]]
     clients = [p for p in psutil.Process(proc.pid).children(recursive=True) if p.name() == "docker"]
     assert clients and engine.docker("ps", "-q").stdout.strip()
     training.send_signal(signal.SIGSTOP)

@@ -214,6 +214,28 @@ def test_a_datestamps_logs_are_matched_exactly(tmp_path):
                                      "of DATESTAMP=a now")
 
 
+# A launcher ending its own launch, as stopped_group does STOP_GRACE seconds after a stop: what it started ends, and
+# the ending ends (the launcher and the subshell it runs in spared, as stopped_group spares them).
+OWN_LAUNCH = """LAUNCHER=probe; source rn50_mx/launch.sh
+sleep 30 & child=$!
+found=$(launch_pids "$RN50MX_LAUNCH" $$)
+echo "found ${found//$child/the child}"
+echo "ended $(end_launch "$RN50MX_LAUNCH" "" 0 $$)"
+if kill -0 "$child" 2>/dev/null; then echo "the child runs"; else echo "the child ended"; fi
+"""
+
+
+def test_a_launcher_ending_its_own_launch_ends_what_it_started_and_not_its_helpers():
+    """The launcher's helpers (the subshells it runs launch_pids in; ps, grep and awk) carry the launch's id, as
+    everything it starts does. The old launch_pids listed them: the caller's command substitution killed itself
+    (nothing printed), and stopped_group's end_launch, which spares the launcher, found helpers at each of its 100
+    rounds: 20 s more of every stop past its grace."""
+    result = subprocess.run(["bash", "-c", OWN_LAUNCH], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                            env={"PATH": ENV_PATH, "RN50MX_LAUNCH": f"rn50-mx-probe-{os.getpid()}"})
+    assert result.stdout.splitlines() == ["found the child", "ended 1 0", "the child ended"], \
+        result.stdout + result.stderr
+
+
 # A holder of rn50_mx/launch.sh's lock at $1, as trials.sh holds LOGDIR/DATESTAMP.lock: it removes the file as it ends.
 LOCKER = """LAUNCHER=locker; source rn50_mx/launch.sh
 hold_lock "$1" || exit $?
