@@ -127,23 +127,22 @@ watch_launch() {
         "its launch still running: ended them"
 }
 
-# The pids of launch $1's processes but $2...: those whose environment holds the id in RN50MX_LAUNCH, and the members
-# of the process groups such a process leads (a command run with a cleared environment, as mmdebstrap's hooks are,
-# stays in its parent's group). Never the caller's own: the shells it runs in (its ancestors) and its helpers (ps,
-# grep, awk), which carry the id when a launcher ends its own launch (stopped_group), so that the ending finds an end.
+# The pids of launch $1's processes: those whose environment holds the id in RN50MX_LAUNCH, and the members of the
+# process groups such a process leads (a command run with a cleared environment, as mmdebstrap's hooks are, stays in
+# its parent's group). Never the caller's own: the shells it runs in (its ancestors: a launcher ending its own launch,
+# stopped_group) and its helpers (ps, grep, awk), which carry the id then too, so that the ending finds an end.
 launch_pids() {
     local id=$1
-    shift
     (
         self=$BASHPID  # this subshell: ps, grep and awk are its children
-        ps -e -o pid=,ppid=,pgid=,stat= | awk -v self="$self" -v spared="$*" -v marked="$(
+        ps -e -o pid=,ppid=,pgid=,stat= | awk -v self="$self" -v marked="$(
             grep -lzE "^RN50MX_LAUNCH=(.* )?${id}( .*)?$" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3)" '
-            BEGIN { split(marked, m); for (i in m) tied[m[i]] = 1; split(spared, s); for (i in s) skip[s[i]] = 1 }
+            BEGIN { split(marked, m); for (i in m) tied[m[i]] = 1 }
             { parent[$1] = $2; group[$1] = $3; state[$1] = $4 }
             END {
                 for (up = self; up in parent && n++ < 1000; up = parent[up]) own[up] = 1
                 for (pid in parent) {
-                    if (!(pid in tied || group[pid] in tied) || pid in skip || pid in own || state[pid] ~ /^Z/) continue
+                    if (!(pid in tied || group[pid] in tied) || pid in own || state[pid] ~ /^Z/) continue
                     k = 0
                     for (up = pid; up in parent && up != self && k++ < 1000; up = parent[up]) {}
                     if (up != self) print pid
@@ -152,14 +151,13 @@ launch_pids() {
     )
 }
 
-# Ends launch $1's processes (but the pids $4...) and, with $2 = containers, its containers (docker rm -f by its
+# Ends launch $1's processes (but the caller's own, launch_pids) and, with $2 = containers, its containers (docker rm -f by its
 # label): SIGTERM, then SIGKILL to what still runs $3 seconds later (0: SIGKILL at once); returns once none is left,
 # printing how many processes and containers there were.
 end_launch() {
     local id=$1 containers=$2 grace=$3 signal=TERM rounds=0 found=0 removed=0 pids
-    shift 3
     (( grace > 0 )) || signal=KILL
-    while mapfile -t pids < <(launch_pids "$id" "$@") && (( ${#pids[@]} > 0 && rounds < 100 )); do
+    while mapfile -t pids < <(launch_pids "$id") && (( ${#pids[@]} > 0 && rounds < 100 )); do
         (( rounds > 0 )) || found=${#pids[@]}
         kill -"$signal" "${pids[@]}" 2>/dev/null || true
         if (( rounds == 0 )) && [[ "$containers" == containers ]]; then removed=$(remove_containers "$id"); fi
@@ -218,7 +216,7 @@ stopped_group() {
     while kill -0 -- "-$1" 2>/dev/null; do
         if (( SECONDS >= STOP_DEADLINE )); then
             say_error "stopped by SIG$2: what it started still ran ${STOP_GRACE:-10} s later; killed"
-            end_launch "$LAUNCH_ID" "$LAUNCH_CONTAINERS" 0 "$$" "$BASHPID" >/dev/null
+            end_launch "$LAUNCH_ID" "$LAUNCH_CONTAINERS" 0 >/dev/null
             break
         fi
         nap 0.2
@@ -236,8 +234,8 @@ stopped_group() {
 }
 
 # Sleeps $1 seconds without starting a process: `read -t` on a pipe no one writes (opened on the first nap, which sets
-# $!; a subshell shares it). A shell ended mid-nap leaves no child behind, where a `sleep` (or whatever PATH calls sleep) could
-# outlive it.
+# $!; a subshell shares it). A shell ended mid-nap leaves no child behind, where a `sleep` (or whatever PATH calls
+# sleep) could outlive it.
 unset NAP_FD STOP_DEADLINE  # this file's, never the environment's
 nap() {
     [[ -n "${NAP_FD:-}" ]] || exec {NAP_FD}<> <(:)

@@ -215,12 +215,12 @@ def test_a_datestamps_logs_are_matched_exactly(tmp_path):
 
 
 # A launcher ending its own launch, as stopped_group does STOP_GRACE seconds after a stop: what it started ends, and
-# the ending ends (the launcher and the subshell it runs in spared, as stopped_group spares them).
+# the ending ends (the launcher and the subshell it runs in are the caller's own).
 OWN_LAUNCH = """LAUNCHER=probe; source rn50_mx/launch.sh
 sleep 30 & child=$!
-found=$(launch_pids "$RN50MX_LAUNCH" $$)
+found=$(launch_pids "$RN50MX_LAUNCH")
 echo "found ${found//$child/the child}"
-echo "ended $(end_launch "$RN50MX_LAUNCH" "" 0 $$)"
+echo "ended $(end_launch "$RN50MX_LAUNCH" "" 0)"
 if kill -0 "$child" 2>/dev/null; then echo "the child runs"; else echo "the child ended"; fi
 """
 
