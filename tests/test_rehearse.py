@@ -1,9 +1,10 @@
 """`python -m rn50_mx.rehearse`: every GPU config's code path run on this CPU, on the stand-in build (rn50_mx/standin),
 as a user runs it before queueing on a cluster: the shipped NF5688M6 config end to end (the run, SIGTERM and an
-exact resume, evaluate, the self-test), then one quick rehearsal (the run alone) per code path among the GPU configs
-in config/ and those the recipe writes for A100 and H100 at 1, 2 and 8 nodes, closed and open; configs that differ
-only in values (LR, weight decay, hints: plan.VALUES_ONLY) share a path. Then GPU review 4's crashes, each a config
-whose rehearsal fails on the code before, and the command's refusals."""
+exact resume, evaluate, the self-test), then one quick rehearsal (the run alone; the first open path's stopped,
+resumed and evaluated too) per code path among the GPU configs in config/ and those the recipe writes for A100 and
+H100 at 1, 2 and 8 nodes, closed and open; configs that differ only in values (LR, weight decay, hints:
+plan.VALUES_ONLY) share a path. Then GPU review 4's crashes, each a config whose rehearsal fails on the code before,
+and the command's refusals."""
 import contextlib
 import glob
 import os
@@ -129,12 +130,15 @@ def covering(paths, base):
 
 @pytest.mark.slow
 @pytest.mark.timeout(2700)  # 12 rehearsals: 407 s in CI's last run, against pytest.ini's 900 for one test
-def test_every_gpu_config_s_code_path_rehearses(configs, tmp_path):
-    """12 recipe configs and the 4 shipped ones; the path of NF5688M6 is the end-to-end test's, the first open levers'
-    path in full too, the others --quick (the 8-node open path differs from the first in its epochs and ramp only).
-    A path whose changes from NF5688M6's another path makes too is rehearsed by that one, its changes taken to
-    act apart (covering()): the 8-node closed configs' (evals from the first epoch of a 5-epoch run), rehearsed by
-    DGXA100_multi_8x8x204's (the same evals, with DALI's cache and ROI decode changed as well)."""
+def test_every_gpu_config_s_code_path_rehearses(configs, tmp_path, monkeypatch):
+    """12 recipe configs and the 4 shipped ones; the path of NF5688M6 is the end-to-end test's, the others --quick
+    (the run alone), and the first open levers' path through the stop and resume and evaluate stages too (the 8-node
+    open path differs from the first in its epochs and ramp only). A path whose changes from NF5688M6's another path
+    makes too is rehearsed by that one, its changes taken to act apart (covering()): the 8-node closed configs' (evals
+    from the first epoch of a 5-epoch run), rehearsed by DGXA100_multi_8x8x204's (the same evals, with DALI's cache
+    and ROI decode changed as well). So are the open path's self-test and tuner: their stand-in GPU path is the
+    end-to-end test's, their open levers' (progressive resizing, --val-crop) test_selftest's and test_tune's on the
+    CPU."""
     paths = code_paths(configs)
     assert sum(map(len, paths.values())) == 16 and len(paths) >= 4, paths
     base = next(path for path, names in paths.items() if "NF5688M6" in names)
@@ -145,16 +149,35 @@ def test_every_gpu_config_s_code_path_rehearses(configs, tmp_path):
     for path, names in paths.items():
         if path == base or path in covered:
             continue
-        # the open levers' path in full: the weight EMA's --save-model under 2 ranks failed there ("Horovod has been
-        # shut down": a rank exited with the BatchNorm statistics' allreduce still queued)
+        # the open levers' path beyond its run: the weight EMA's --save-model under 2 ranks failed there ("Horovod has
+        # been shut down": a rank exited with the BatchNorm statistics' allreduce still queued)
         if full is None and any(name.endswith("_open") for name in names):
             full = names
-        quick = [] if names is full else ["--quick"]
-        result = rehearse(names[0], *quick, "--work", str(tmp_path / names[0]), config_dir=str(configs))
+            try:
+                shrunk, reference = stopped_and_resumed(sourced(configs / f"{names[0]}.sh"), tmp_path / names[0],
+                                                        monkeypatch)
+                assert "the run's last eval" in stages.evaluate(shrunk, str(tmp_path / names[0]), reference)
+            except stages.StageFailed as err:
+                failed.append((names, str(err)))
+            continue
+        result = rehearse(names[0], "--quick", "--work", str(tmp_path / names[0]), config_dir=str(configs))
         train = rows(result.stdout).get("train")
         if result.returncode != 0 or not train or train[0] != "ok":
             failed.append((names, train or result.stdout[-1500:] + result.stderr[-1000:]))
     assert full and not failed, (full, failed)
+
+
+def stopped_and_resumed(environ, work, monkeypatch):
+    """(the plan, the run's reference) after the rehearsal's run and its stop and resume stages on 2 ranks of the
+    config that `environ` holds, as the command runs them: its variables are set for the rest of the test, as under
+    the command (the stages' commands inherit them). A stage that fails raises StageFailed with its line."""
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    s = config.load([], environ=environ)
+    shrunk = plan.shrink(s, 2, plan.generated_records(str(work / "data"), s.num_classes))
+    _, reference = stages.train(shrunk, str(work))
+    assert "bit-identical" in stages.stop_and_resume(shrunk, str(work), reference)
+    return shrunk, reference
 
 
 @pytest.mark.slow
@@ -166,14 +189,8 @@ def test_float32_nhwc_with_a_batch_schedule_from_the_first_epoch_trains_stops_an
       Batchnorm"), so the train stage failed there.
     - Two steps an update from the first epoch end no update at step 1, so the run never prints "epoch 1 step 1/":
       the stop stage waited for that line until the run ended, then failed ("ended before")."""
-    environ = sourced(os.path.join(ROOT, "config", "NF5688M6.sh"), DTYPE="float32", RN50_BATCH_SCHEDULE="0:2",
-                      SUBMISSION_DIVISION="open")
-    for name, value in environ.items():  # the stages' commands inherit it, as under the command
-        monkeypatch.setenv(name, value)
-    s = config.load([], environ=environ)
-    shrunk = plan.shrink(s, 2, plan.generated_records(str(tmp_path / "data")))
-    _, reference = stages.train(shrunk, str(tmp_path))
-    assert "bit-identical" in stages.stop_and_resume(shrunk, str(tmp_path), reference)
+    stopped_and_resumed(sourced(os.path.join(ROOT, "config", "NF5688M6.sh"), DTYPE="float32",
+                                RN50_BATCH_SCHEDULE="0:2", SUBMISSION_DIVISION="open"), tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("system, args, env, name", [
