@@ -20,6 +20,7 @@ import pytest
 
 from rn50_mx import config
 from rn50_mx.errors import InputError
+import rn50_mx.rehearse as rehearsal
 from rn50_mx.rehearse import plan, stages
 from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, descendants, mounted
 
@@ -173,8 +174,7 @@ def stopped_and_resumed(environ, work, monkeypatch):
     the command (the stages' commands inherit them). A stage that fails raises StageFailed with its line."""
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
-    s = config.load([], environ=environ)
-    shrunk = plan.shrink(s, 2, plan.generated_records(str(work / "data"), s.num_classes))
+    shrunk = rehearsal.planned(config.load([], environ=environ), 2, str(work))
     _, reference = stages.train(shrunk, str(work))
     assert "bit-identical" in stages.stop_and_resume(shrunk, str(work), reference)
     return shrunk, reference
@@ -182,15 +182,21 @@ def stopped_and_resumed(environ, work, monkeypatch):
 
 @pytest.mark.slow
 def test_float32_nhwc_with_a_batch_schedule_from_the_first_epoch_trains_stops_and_resumes(monkeypatch, tmp_path):
-    """Two configs a rehearsal failed that work, in one: DTYPE=float32 with NHWC and RN50_BATCH_SCHEDULE=0:2 (the
-    schedule's way out of its float16 refusal; an open-division lever), the stages as the command runs them.
+    """Configs a rehearsal failed that work, in one: DTYPE=float32 with NHWC and a batch schedule (the schedule's way
+    out of its float16 refusal; an open-division lever) that starts at 2 steps an update and changes at epoch 20, a
+    val crop and 3 classes, the stages as the command runs them.
     - GPU review 4, F1: float32 NHWC died at the first BatchNorm on NVIDIA's MXNet, the fused kernels on for any
       dtype; the stand-in refuses as the fork does ("Fused ReLU activation is only supported with float16 NHWC
       Batchnorm"), so the train stage failed there.
     - Two steps an update from the first epoch end no update at step 1, so the run never prints "epoch 1 step 1/":
-      the stop stage waited for that line until the run ended, then failed ("ended before")."""
-    stopped_and_resumed(sourced(os.path.join(ROOT, "config", "NF5688M6.sh"), DTYPE="float32",
-                                RN50_BATCH_SCHEDULE="0:2", SUBMISSION_DIVISION="open"), tmp_path, monkeypatch)
+      the stop stage waited for that line until the run ended, then failed ("ended before").
+    - Issue 42 item 5, the configs `check` passes that the shrink broke (7c8846a; WORKING's values): the schedule's
+      epoch 20 left past the shrunk run's last, the val crop scaled below 32 px, 4 classes generated whatever
+      NUM_CLASSES; the train stage failed on the first it met. The stop and resume crosses the schedule's change."""
+    shrunk, _ = stopped_and_resumed(sourced(os.path.join(ROOT, "config", "NF5688M6.sh"), DTYPE="float32",
+                                            SUBMISSION_DIVISION="open", **{**WORKING, "RN50_BATCH_SCHEDULE": "0:2,20:1"}),
+                                    tmp_path, monkeypatch)
+    assert "batch schedule 0:2,20:1 -> 0:2,1:1" in shrunk.shrunk[-1] and shrunk.flags["val_crop"] == 32, shrunk
 
 
 @pytest.mark.parametrize("system, args, env, name", [
@@ -423,16 +429,6 @@ def test_a_shrink_the_plan_cannot_make_is_said_as_its_limit(monkeypatch):
     with pytest.raises(plan.Limit, match=r"^the rehearsal cannot shrink this config \(--prog-step=16: must divide .*"
                                          r"\): a limit of its plan \(rn50_mx/rehearse/plan\.py\), not a fault"):
         plan.shrink(s, 2, {"train": "t.rec", "val": "v.rec"})
-
-
-@pytest.mark.slow
-def test_the_configs_the_shrink_broke_rehearse(tmp_path):
-    """The three of WORKING in one config, rehearsed --quick: the run trains with the schedule, the crop and the
-    classes the shrink made (7c8846a: its train stage failed on the first it met)."""
-    result = rehearse("NF5688M6", "--quick", "--work", str(tmp_path / "work"),
-                      env={"DTYPE": "float32", "SUBMISSION_DIVISION": "open", **WORKING})
-    assert result.returncode == 0 and rows(result.stdout)["train"][0] == "ok", result.stdout[-3000:]
-    assert "batch schedule 20:2 -> 1:2" in result.stdout
 
 
 def test_generated_images_on_a_full_disk_are_one_line(tmp_path):

@@ -82,10 +82,7 @@ def rehearse(s, ranks, work, quick=False, own_data=False):
                 f"{s.optimizer}, batch {s.batch_size} x {s.world_size}"
                 + (f", NormConv {s.normconv_wiring}" if s.normconv else ", NormConv off")
                 + f"; stand-in GPU sm_{s.standin_sm} (RN50_STANDIN_SM)")]
-    data = {"train": s.data_train, "val": s.data_val} if own_data else None
-    if data is None:  # DATADIR's ImageNet is not read: each shrunk eval would read its whole val split
-        data = planning.generated_records(os.path.join(work, "data"), s.num_classes)
-    plan = planning.shrink(s, ranks, data)
+    plan = planned(s, ranks, work, own_data)
     rows += [Row("shrunk", None, line) for line in plan.shrunk]
     reference = attempt(rows, "train", stages.train, plan, work)
     if reference and not quick:
@@ -95,6 +92,15 @@ def rehearse(s, ranks, work, quick=False, own_data=False):
         attempt(rows, "self-test", stages.selftest, plan, work)
         attempt(rows, "tune", stages.tune, plan, work)
     return rows + [Row("GPU only", None, what) for what in GPU_ONLY]
+
+
+def planned(s, ranks, work, own_data=False):
+    """The Plan of the rehearsal of `s` on `ranks` ranks: on the settings' data files with `own_data`, else on records
+    generated in WORK/data with the config's classes (DATADIR's ImageNet is not read: each shrunk eval would read its
+    whole val split)."""
+    if own_data:
+        return planning.shrink(s, ranks, {"train": s.data_train, "val": s.data_val})
+    return planning.shrink(s, ranks, planning.generated_records(os.path.join(work, "data"), s.num_classes))
 
 
 def attempt(rows, name, stage, *args):
