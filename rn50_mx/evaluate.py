@@ -38,7 +38,7 @@ def from_checkpoint(s, folder, ctx):
     problem = checkpoint.settings_problem(checkpoint.read_meta(chosen)["settings"], s, checkpoint.CHECKPOINT_FIELDS)
     if problem:
         raise InputError(f"--checkpoint-dir {folder}: {problem} ({chosen})")
-    net = network(s, ctx)
+    net = network(s, ctx, drawn=False)  # every value comes from the checkpoint
     checkpoint.set_params(net, checkpoint.model_arrays(chosen), chosen)
     print(f"rn50_mx.evaluate: {chosen}", file=sys.stderr)
     return net

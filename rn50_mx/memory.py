@@ -28,7 +28,7 @@ def need(s):
 
     from . import data, model
 
-    net = model.build_model(s, mx.cpu())
+    net = model.build_model(s, mx.cpu(), drawn=False)  # shapes and dtypes only
     return Need(data.input_memory(s), weight_bytes(net) + ema_bytes(net, s), activation_bytes(net, s))
 
 

@@ -318,11 +318,11 @@ def run(s):
                 return train_on(s, d, ctx, base_seed, seed, saver)
 
 
-def network(s, ctx, hybridize=True):
+def network(s, ctx, hybridize=True, drawn=True):
     """The network of `s` on `ctx` as training runs it: hybridized with static_alloc and static_shape (NVIDIA's fused
     NormConv operators run only in the traced graph). Evaluate and the self-test take theirs here; an imperative
-    network (hybridize=False) is for bench/train_step.py's comparison only."""
-    net = model.build_model(s, ctx)
+    network (hybridize=False) is for bench/train_step.py's comparison only. drawn: as model.build_model's."""
+    net = model.build_model(s, ctx, drawn)
     if hybridize:
         net.hybridize(static_alloc=True, static_shape=True)  # runs nothing before the first forward
     return net

@@ -117,7 +117,7 @@ def expected_model(settings):
         config.check_image_shape(s)
     except (TypeError, ValueError, InputError) as err:
         raise Bad(f"meta.json: its settings are not this version's ({str(err).splitlines()[0]})") from None
-    net = model.build_model(s, mx.cpu())
+    net = model.build_model(s, mx.cpu(), drawn=False)  # shapes and dtypes only
     trainer = optim.make_trainer(net, s, 1)  # its parameter order is the one trainer_file's indices follow
     return {p.name: (p.shape, np.dtype(p.dtype)) for p in trainer._params}
 
