@@ -33,6 +33,22 @@ def test_parameter_count_is_torchvision_resnet50(net):
     assert model.count_params(four_channels) - model.count_params(net) == 64 * 7 * 7  # the zero 4th channel
 
 
+def test_a_model_built_without_draws_has_the_drawn_one_s_parameters_in_zeros_and_leaves_mx_random_alone(net):
+    """What the checkpoint check, evaluate --checkpoint-dir and the memory estimate build: the same names, shapes and
+    dtypes as the drawn model, every value 0, and MXNet's generator where it was (the drawn build moves it)."""
+    def then_drawn(build):
+        mx.random.seed(5)
+        made = build()
+        return made, mx.nd.random.uniform(shape=3).asnumpy()
+
+    bare, after = then_drawn(lambda: model.build_model(Settings(), drawn=False))
+    assert np.array_equal(after, then_drawn(lambda: None)[1]) and not np.array_equal(
+        after, then_drawn(lambda: model.build_model(SMALL))[1])
+    drawn, zero = net.collect_params(), bare.collect_params()
+    assert [(p.name, p.shape, p.dtype) for p in drawn.values()] == [(p.name, p.shape, p.dtype) for p in zero.values()]
+    assert all(not p.data().asnumpy().any() for p in zero.values())
+
+
 def test_trainable_tensors_have_the_reference_names(net):
     names = [p.name for p in model.split_params(net)[0] + model.split_params(net)[1]]
     assert len(names) == 161
