@@ -328,11 +328,11 @@ def network(s, ctx, hybridize=True, drawn=True):
     return net
 
 
-def parts(s, ctx, steps, new_trainer, hybridize=True):
+def parts(s, ctx, steps, new_trainer, hybridize=True, drawn=True):
     """(network, loss, trainer) as training runs them: `network`, the smoothed loss, the optimizer on the schedule
     of `steps` per epoch built by `new_trainer` (dist's d.trainer). The benches, measure and the tests build theirs
     here too."""
-    net = network(s, ctx, hybridize)
+    net = network(s, ctx, hybridize, drawn)
     return net, optim.make_loss(s), optim.make_trainer(net, s, steps, new_trainer)
 
 
@@ -341,7 +341,7 @@ def train_on(s, d, ctx, base_seed, seed, saver):
     steps = data.steps_per_epoch(s, d.size)  # the ImageNet configs' NUMEXAMPLES: no data file read
     if saver:
         saver.check_fits(steps)
-    net, loss_fn, trainer = parts(s, ctx, steps, d.trainer)
+    net, loss_fn, trainer = parts(s, ctx, steps, d.trainer, drawn=not (saver and saver.resume))  # resumed: restored
     for name, param in net.collect_params().items():  # the 161 tensors rulesets 1.1-2.1 require by name
         if param.grad_req != "null":
             log.event(K.WEIGHTS_INITIALIZATION, metadata={"tensor": name})

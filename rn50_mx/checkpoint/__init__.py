@@ -16,7 +16,7 @@ A checkpoint is a folder DIR/step-N, N the train steps done:
 Every array is saved from the host, so a restore allocates only on each rank's own device.
 Weights and optimizer states are the same on every rank after each step (the gradients are allreduced): rank 0's stand
 for all. MXNet's own generator (mx.random) has no state to save in 1.9.1; nothing draws from it after the model's
-initialisation, which the resumed run repeats with the same seed (a test checks both).
+initialisation (a test checks it), and a resumed run builds its model without draws (zeros until the restore).
 
 Writing: every rank writes its files into DIR/.tmp-step-N, each fsynced; once every rank has, rank 0 adds meta.json,
 fsyncs, and renames the folder to step-N: that one rename makes it current. The previous checkpoint stays (a newest one
