@@ -58,7 +58,7 @@ def unhybridized(s, ctx, net):
     the plain path with the same parameters (model.Bottleneck.hybrid_forward), which must run and agree."""
     from .. import train
 
-    imperative = train.network(s, ctx, hybridize=False)
+    imperative = train.network(s, ctx, hybridize=False, drawn=False)
     for name, param in imperative.collect_params().items():
         param.set_data(net.collect_params()[name].data())
     return imperative
@@ -73,7 +73,8 @@ def layout_precision(s, ctx, net, batch):
 
     from .. import model, optim
 
-    ref = model.build_model(s.replace(input_layout="NCHW", dtype="float32", fused_bn=False, normconv=False), ctx)
+    ref = model.build_model(s.replace(input_layout="NCHW", dtype="float32", fused_bn=False, normconv=False), ctx,
+                            drawn=False)
     for name, param in ref.collect_params().items():
         value = net.collect_params()[name].data().astype("float32")
         param.set_data(value.transpose((0, 3, 1, 2)) if value.ndim == 4 and s.input_layout == "NHWC" else value)
