@@ -7,6 +7,7 @@ plan.VALUES_ONLY) share a path. Then GPU review 4's crashes, each a config whose
 and the command's refusals."""
 import contextlib
 import glob
+import inspect
 import io
 import os
 import re
@@ -196,9 +197,9 @@ def test_float32_nhwc_with_a_batch_schedule_from_the_first_epoch_trains_stops_an
     - Issue 42 item 5, the configs `check` passes that the shrink broke (7c8846a; WORKING's values): the schedule's
       epoch 20 left past the shrunk run's last, the val crop scaled below 32 px, 4 classes generated whatever
       NUM_CLASSES; the train stage failed on the first it met. The stop and resume crosses the schedule's change."""
-    shrunk, _ = stopped_and_resumed(sourced(os.path.join(ROOT, "config", "NF5688M6.sh"), DTYPE="float32",
-                                            SUBMISSION_DIVISION="open", **{**WORKING, "RN50_BATCH_SCHEDULE": "0:2,20:1"}),
-                                    tmp_path, monkeypatch)
+    environ = sourced(os.path.join(ROOT, "config", "NF5688M6.sh"), DTYPE="float32", SUBMISSION_DIVISION="open",
+                      **{**WORKING, "RN50_BATCH_SCHEDULE": "0:2,20:1"})
+    shrunk, _ = stopped_and_resumed(environ, tmp_path, monkeypatch)
     assert "batch schedule 0:2,20:1 -> 0:2,1:1" in shrunk.shrunk[-1] and shrunk.flags["val_crop"] == 32, shrunk
 
 
@@ -481,12 +482,26 @@ def test_a_volta_rehearses_to_one_line_naming_rn50_normconv_0_and_passes_with_it
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sm", ["80", "90"], ids=["A100", "H100"])
-def test_nvidias_mainloop_wiring_rehearses(records, tmp_path, sm):
+def test_nvidias_mainloop_wiring_rehearses(records, tmp_path):
     """Issue 47 item 5: NF5688M6 with NVIDIA's 24.04 NormConv wiring (RN50_NORMCONV_WIRING=mainloop-fl) rehearses as
-    an A100 and as an H100: the run's build and probe, warm-up, training with NormConvolution applying the statistics,
-    evals, run_stop, the model saved."""
-    result = quick(tmp_path, records, {"RN50_STANDIN_SM": sm, "RN50_NORMCONV_WIRING": "mainloop-fl"})
+    an H100: the run's build and probe, warm-up, training with NormConvolution applying the statistics, evals,
+    run_stop, the model saved. As an A100 too: a run's stand-in reads the compute capability only to refuse Volta's
+    stride-2 NormConv and the GPUs NORMCONV_SM does not list (rn50_mx/standin/ngc.py), so sm 80 runs what sm 90 does
+    (test_an_a100_and_an_h100_take_the_same_stand_in_decisions pins it); the A100's own rehearsal was dropped for
+    make test's time (issue 50)."""
+    result = quick(tmp_path, records, {"RN50_STANDIN_SM": "90", "RN50_NORMCONV_WIRING": "mainloop-fl"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     table = rows(result.stdout)
-    assert table["train"][0] == "ok" and f"NormConv mainloop-fl; stand-in GPU sm_{sm}" in table["config"][1], table
+    assert table["train"][0] == "ok" and "NormConv mainloop-fl; stand-in GPU sm_90" in table["config"][1], table
+
+
+def test_an_a100_and_an_h100_take_the_same_stand_in_decisions():
+    """What lets the H100 rehearsal above stand for the A100's: every place a run's stand-in reads the compute
+    capability treats 80 and 90 alike (both in NORMCONV_SM, neither Volta's 70), and the network's build reads it
+    only as "a GPU is stood in for"."""
+    from rn50_mx.standin import ngc
+    reads = [line.strip() for line in inspect.getsource(ngc).splitlines() if 'GPU["sm"]' in line]
+    assert {80, 90} <= set(ngc.NORMCONV_SM) and reads == [
+        'kernels = ((3, 3),) if GPU["sm"] == 70 and p["stride"] != (1, 1) else ((3, 3), (1, 1))',
+        'and p["num_filter"] % 32 == 0 and x.dtype == np.float16 and GPU["sm"] in NORMCONV_SM)',
+        'or GPU["sm"] not in NORMCONV_SM):', 'GPU["sm"] = sm'], reads
