@@ -551,8 +551,9 @@ def test_a_stop_with_a_checkpoint_folder_leaves_a_resumable_stop(shared, tmp_pat
     terminal = how.startswith("Ctrl-C")
     command, _ = launcher("./run_with_docker.sh", env)
     if terminal:  # both streams to the user's tee, which Ctrl-C ends; the launcher's status kept beside
+        piped = f"(./run_with_docker.sh; echo $? >{tmp_path / 'status'}) |& tee {tmp_path / 'tee'}"
         command[-1] = command[-1].replace("set -euo pipefail; ", "set -uo pipefail; ").replace(
-            "exec ./run_with_docker.sh", f"(./run_with_docker.sh; echo $? >{tmp_path / 'status'}) |& tee {tmp_path / 'tee'}")
+            "exec ./run_with_docker.sh", piped)
     status, text = sigterm_to(command, tmp_path / "out.txt", lambda out, procs: "epoch 1 step 1/" in out and
                               runs(procs, "rn50_mx.train"), group=terminal)
     log = (logs / "t_1.log").read_text()

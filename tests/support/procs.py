@@ -26,13 +26,13 @@ SHARED_CORES = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def gloo_ranks(n):
-    """The command prefix that starts n Gloo ranks on this machine, with this Python's horovodrun. Each rank's
-    background thread polls every 5 ms, as the rehearsal's (rn50_mx/rehearse/stages.py CYCLE_MS), not at Horovod's
-    shorter default cycle: the ranks share 2 cores with the other workers' tests, and a 2-rank run of 12 tiny steps
-    took 12.4-13.5 CPU-seconds at the default, 11.6-12.1 at 5 ms (3 runs each, side by side). A latency, not a code
-    path: the launchers' trials keep the config's cycle."""
-    return [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "--gloo", "-np", str(n), "-H", f"localhost:{n}",
-            "--cycle-time-ms", "5"]
+    """The command prefix that starts n Gloo ranks on this machine: the rehearsal's (rehearse.stages.horovodrun, this
+    Python's horovodrun), whose ranks poll Horovod's cycle every CYCLE_MS = 5 ms, not at Horovod's shorter default:
+    the ranks share 2 cores with the other workers' tests, and a 2-rank run of 12 tiny steps took 12.4-13.5
+    CPU-seconds at the default, 11.6-12.1 at 5 ms (3 runs each, side by side). A latency, not a code path: the
+    launchers' trials keep the config's cycle."""
+    from rn50_mx.rehearse.stages import horovodrun  # loads MXNet: only where ranks are started
+    return horovodrun(n)
 
 
 def wait_for(proc, out, pattern, timeout=240):
