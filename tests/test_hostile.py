@@ -206,6 +206,24 @@ def test_probe(probe, shared, tmp_path):
 
 # --- probes with mounts, two writers and signals ---------------------------------------------------------------
 
+def test_the_tools_load_mxnet_only_for_work_that_needs_it():
+    """A tool that stops on its input says so before MXNet loads (about 2 CPU-seconds): importing its command's
+    module loads none. prep_rec loads it at its first record, the rehearsal's own process to compare two models, the
+    self-test for its checks; train and evaluate, which need it for any work, are not in the list."""
+    tools = ["prep_rec.__main__", "rehearse.__main__", "selftest.__main__", "recipe.__main__", "check", "timing",
+             "search.__main__", "tune.__main__"]
+    code = ("import importlib, sys\n"
+            f"for tool in {tools!r}:\n"
+            "    sys.argv = ['rn50_mx.' + tool, '--help']\n"
+            "    try:\n"
+            "        importlib.import_module('rn50_mx.' + tool)\n"
+            "    except SystemExit:\n"
+            "        pass\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'mxnet')[:1])")
+    result = run([sys.executable, "-c", code])
+    assert result.returncode == 0 and result.stdout.splitlines()[-1] == "[]", result.stdout[-2000:] + result.stderr
+
+
 def test_full_disk_pack_is_one_line_and_leaves_no_temporaries(shared, tmp_path):
     with mounted(tmp_path / "full", "size=64k") as full:
         result = run(py("rn50_mx.prep_rec", "pack", shared["jpegs"], f"{full}/train"))

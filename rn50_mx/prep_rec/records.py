@@ -17,7 +17,6 @@ from contextlib import closing
 from dataclasses import dataclass
 from itertools import islice
 
-import mxnet as mx
 from tqdm import tqdm
 
 from ..errors import InputError
@@ -25,6 +24,13 @@ from ..files import os_error, owned, refuse_existing, remove_quietly, temp_name
 from ..rec_index import text_lines
 
 Item = namedtuple("Item", "index label path")  # one .lst line; path is relative to the source folder
+
+
+def mxnet():
+    """MXNet, imported at the first record written or read: its import costs about 2 CPU-seconds, which a run that
+    stops on its input first (no source, a bad archive or file name, an existing set) then never pays."""
+    import mxnet as mx
+    return mx
 
 
 @dataclass(frozen=True)
@@ -123,7 +129,8 @@ def record_of(fetch, item):
     """(record, None) of one image: its IRHeader + the bytes fetch(item) gives; or (None, problem line) for a
     bad image, so that skip_bad can go on past it."""
     try:
-        return mx.recordio.pack(mx.recordio.IRHeader(0, item.label, item.index, 0), fetch(item)), None
+        recordio = mxnet().recordio
+        return recordio.pack(recordio.IRHeader(0, item.label, item.index, 0), fetch(item)), None
     except InputError as err:
         return None, str(err)
 
@@ -170,7 +177,7 @@ def write_records(items, out_prefix, fetch, *, workers=1, skip_bad=False, progre
         try:
             packed, skipped = pack_into(items, tmp, out_prefix, fetch, workers, skip_bad, progress, size, start)
             publish(tmp, final)
-        except (OSError, mx.base.MXNetError) as err:
+        except (OSError, mxnet().base.MXNetError) as err:
             reason = err.strerror if isinstance(err, OSError) else str(err).strip().splitlines()[-1]
             raise InputError(f"{out_prefix}.rec: cannot write ({reason})") from None
         finally:
@@ -182,7 +189,7 @@ def write_records(items, out_prefix, fetch, *, workers=1, skip_bad=False, progre
 def pack_into(items, tmp, out_prefix, fetch, workers, skip_bad, progress, size, start):
     """The records and the .lst of write_records under the temporary names `tmp`; (packed, skipped)."""
     packed, skipped = [], []
-    records = mx.recordio.MXIndexedRecordIO(tmp["idx"], tmp["rec"], "w")
+    records = mxnet().recordio.MXIndexedRecordIO(tmp["idx"], tmp["rec"], "w")
     try:
         results = ordered_map(lambda item: record_of(fetch, item), items, workers)
         with closing(results), progress_bar(sum(map(size, items)) if size else len(items),

@@ -7,13 +7,10 @@ import time
 from contextlib import closing
 from functools import partial
 
-import mxnet as mx
-from mxnet.base import _LIB, MXNetError, check_call
-
 from ..files import open_regular
 from ..rec_index import RECORD_MAGIC, read_idx
 from .images import decode_problem
-from .records import Summary, ordered_map, progress_bar
+from .records import Summary, mxnet, ordered_map, progress_bar
 
 
 def records_at(rec_path, entries):
@@ -22,6 +19,7 @@ def records_at(rec_path, entries):
     and the magic are checked first, for a clear message, and because a read at the very end of the file would
     leave the reader at end-of-stream for good."""
     size = os.path.getsize(rec_path)
+    mx = mxnet()
     reader = mx.recordio.MXRecordIO(rec_path, "r")
     end = ctypes.c_size_t()
     try:
@@ -36,10 +34,10 @@ def records_at(rec_path, entries):
                     yield None, None, f"no record starts here (found 0x{magic:08x}, not the RecordIO magic)"
                     continue
                 try:  # the C API has the reader's Seek and Tell; recordio.py does not wrap Tell
-                    check_call(_LIB.MXRecordIOReaderSeek(reader.handle, ctypes.c_size_t(offset)))
+                    mx.base.check_call(mx.base._LIB.MXRecordIOReaderSeek(reader.handle, ctypes.c_size_t(offset)))
                     payload = reader.read()
-                    check_call(_LIB.MXRecordIOReaderTell(reader.handle, ctypes.byref(end)))
-                except MXNetError as err:
+                    mx.base.check_call(mx.base._LIB.MXRecordIOReaderTell(reader.handle, ctypes.byref(end)))
+                except mx.base.MXNetError as err:
                     yield None, None, f"mxnet cannot read the record ({str(err).splitlines()[-1].split(': ')[-1]})"
                     continue
                 yield end.value, payload, None
@@ -54,7 +52,7 @@ def check_payload(num_classes, record):
     if problem:
         return end, None, problem
     try:
-        header, image = mx.recordio.unpack(payload)
+        header, image = mxnet().recordio.unpack(payload)
     except (struct.error, ValueError):
         return end, None, f"record of {len(payload)} bytes is too short for its header"
     if header.flag != 0:

@@ -21,7 +21,6 @@ import sys
 
 from .. import bind, children, config
 from ..errors import InputError
-from . import build, checks
 from .report import Row, attempt, table
 from .stack import stack_rows, topology
 
@@ -58,6 +57,7 @@ def device_checks(s, ranks, steps, flags):
     import mxnet as mx
 
     from .. import dist
+    from . import build, checks
 
     ctx = dist.context(s, 0)
     rows = []
@@ -90,6 +90,7 @@ def build_checks(s):
     import mxnet as mx
 
     from .. import dist
+    from . import build
 
     gpu = s.standin != "off" or mx.context.num_gpus() > 0
     return build.build_rows(s, dist.context(s, 0) if gpu else mx.cpu())
@@ -100,6 +101,8 @@ def main(argv=None):
     args, flags = parse_args(sys.argv[1:] if argv is None else argv)
     settings = config.load(flags, prog="rn50_mx.selftest")
     if args.allreduce_worker:
+        from . import checks
+
         return checks.allreduce_worker(settings)
     build_rows = build_checks(settings) if args.stack_only and settings.device == "gpu" else []
     rows = stack_rows(args.expect_gpu) + build_rows  # the build's rows first: the stand-in build, if any, installed
