@@ -112,19 +112,21 @@ def test_warm_up_leaves_no_trace_on_the_run(small_rec, dtype):
         np.testing.assert_allclose(runs[True][name], value, rtol=1e-5, atol=1e-7, err_msg=name)
 
 
-@pytest.mark.parametrize("device, runs", [("cpu", 1), ("gpu", 2)])
-def test_warm_up_ends_with_the_training_graph(small_rec, device, runs):
+@pytest.mark.parametrize("changes, runs", [({"device": "cpu"}, 1), ({"device": "gpu"}, 2),
+                                           ({"device": "gpu", "standin": "gpu"}, 1)], ids=["cpu", "gpu", "stand-in"])
+def test_warm_up_ends_with_the_training_graph(small_rec, changes, runs):
     """A static_alloc block re-initialises its graph whenever `recording` differs from its last run (MXNet
     cached_op.cc StaticForward): the warm-up's last forward must be a training one, for the network and the loss
     (hybridized with it), or the first timed step pays the re-initialisation (and on the GPU re-captures its
     CUDA graphs at step 2). Each graph runs twice for a GPU config (its CUDA graphs are captured on the second run),
-    once on the CPU (the GPU setting's count, run here on the CPU)."""
+    once on the CPU and on the rehearsal's stand-in GPU build, which captures none (the settings' counts, run here on
+    the CPU)."""
     s = run_settings(small_rec)
     net, loss_fn, trainer = trained_parts(s, mx.cpu())
     recording = {"net": [], "loss": []}
     net.register_forward_hook(lambda *_: recording["net"].append(mx.autograd.is_recording()))
     loss_fn.register_forward_hook(lambda *_: recording["loss"].append(mx.autograd.is_recording()))
-    train.warm_up(net, loss_fn, trainer, dataclasses.replace(s, device=device), mx.cpu())  # only the runs' count
+    train.warm_up(net, loss_fn, trainer, dataclasses.replace(s, **changes), mx.cpu())  # only the runs' count
     assert recording["net"] == [False] * runs + [True] * runs and recording["loss"] == [True] * runs
 
 
