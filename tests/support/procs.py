@@ -10,6 +10,8 @@ import time
 import psutil
 import pytest
 
+from rn50_mx.rehearse import stages
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The python of this test run, and its horovodrun, come first on PATH: the scripts call `python`.
 ENV_PATH = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
@@ -31,8 +33,7 @@ def gloo_ranks(n):
     the ranks share 2 cores with the other workers' tests, and a 2-rank run of 12 tiny steps took 12.4-13.5
     CPU-seconds at the default, 11.6-12.1 at 5 ms (3 runs each, side by side). A latency, not a code path: the
     launchers' trials keep the config's cycle."""
-    from rn50_mx.rehearse.stages import horovodrun  # loads MXNet: only where ranks are started
-    return horovodrun(n)
+    return stages.horovodrun(n)
 
 
 def wait_for(proc, out, pattern, timeout=240):
