@@ -634,3 +634,45 @@ def test_nvidias_updater_hands_every_tensor_of_a_dtype_at_once_and_the_optimizer
     for make, expected in zip(makers, stock):
         for got, want in zip(step(make), expected):
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "sgd_mom", "mp_sgd", "mp_sgd_mom"])
+def test_the_lars_kernels_give_the_stock_kernel_s_floats_of_one_call(monkeypatch, kind):
+    """The stand-in's lars_multi_* compute tensor by tensor (python_layer.lars_kernel: the stock kernel's one call
+    visits every tensor at each of its largest tensor's indices): weights, momenta and float32 masters equal, bit for
+    bit, those of stock preloaded_multi_* in one call over tensors of unequal sizes, each with its own lr and wd, with
+    and without a gradient clip; a call whose inputs do not match num_weights is the stock kernel's own error."""
+    rng = np.random.RandomState(0)
+    shapes = [(3, 3, 8, 8), (5,), (2, 7), (64,), (1, 1, 16, 8)]
+    lrs, wds = rng.uniform(0.01, 1, len(shapes)), rng.uniform(0, 0.1, len(shapes))
+    momentum, mixed = kind.endswith("mom"), kind.startswith("mp")
+    per_tensor = 2 + momentum + mixed  # weight, gradient[, momentum][, float32 master]
+
+    def tensors(seed):
+        draw = np.random.RandomState(seed)
+        arrays = []
+        for shape in shapes:
+            w = draw.uniform(-1, 1, shape)
+            arrays.append([nd.array(w, ctx=CTX, dtype="float16" if mixed else "float32"),
+                           nd.array(draw.uniform(-3, 3, shape), ctx=CTX, dtype="float16" if mixed else "float32")]
+                          + [nd.array(draw.uniform(-1, 1, shape), ctx=CTX)] * momentum + [nd.array(w, ctx=CTX)] * mixed)
+        return arrays
+
+    def run(kernel, clip):
+        arrays = tensors(1)
+        flat = [a for per in arrays for a in per]
+        for _ in range(2):
+            kernel(*flat, nd.array(lrs, ctx=CTX), nd.array(wds, ctx=CTX), out=[per[0] for per in arrays],
+                   num_weights=len(shapes), rescale_grad=0.25, **({"momentum": 0.9} if momentum else {}), **clip)
+        return [a.asnumpy() for a in flat]
+
+    clips = ({}, {"clip_gradient": 0.5})
+    wanted = [run(getattr(nd, f"preloaded_multi_{kind}_update"), clip) for clip in clips]
+    gpu_build.install(monkeypatch)
+    fork = getattr(nd, f"lars_multi_{kind}_update")
+    for clip, want in zip(clips, wanted):
+        for got, expected in zip(run(fork, clip), want):
+            np.testing.assert_array_equal(got, expected)
+    with pytest.raises(mx.MXNetError, match="expects .* inputs, but got"):
+        fork(*[nd.zeros((2,), ctx=CTX)] * (per_tensor * 3), nd.ones(3, ctx=CTX), nd.ones(3, ctx=CTX),
+             out=[nd.zeros((2,), ctx=CTX)] * 3, num_weights=2, **({"momentum": 0.9} if momentum else {}))
