@@ -11,7 +11,9 @@ fixture's training is paid by the file's first test that asks for it), and how m
 --against, each file's CPU beside the older profile's, and the tests that are in one profile only (removed, merged
 or new).
 CPU is user + system of the test's process and the children it waited for: a Slurm job's or a container's processes
-are not its children, so those tests' figure is low (their wall time is the guide).
+are not its children, so those tests' figure is low (their wall time is the guide); the machine's busy CPU over the
+session, where the profile has it, shows how much the tests' figures miss. Each worker's teardown of the session's
+fixtures (its last test's teardown) is a row of its own, "session fixtures", left out of the unit costs.
 --save-costs writes each work unit's wall seconds (a file, or an xdist_group of a split file) to tests/unit_costs.json,
 the order in which `make test` hands the units to its workers (tests/support/schedule.py): run it after a change
 that moves a unit's cost much, from a profile of `make test` on a quiet machine.
@@ -30,6 +32,7 @@ from rn50_mx.errors import InputError  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAST = os.path.join(ROOT, ".pytest_cache", "d", "rn50-profile", "profile.json")
 UNIT_COSTS = os.path.join(ROOT, "tests", "unit_costs.json")
+SESSION_FIXTURES = "session fixtures"  # the row of a worker's session teardown (tests/support/costs.py)
 
 
 def load(path):
@@ -42,6 +45,8 @@ def load(path):
         tests = profile["tests"]
         if not isinstance(tests, list) or not all(well_formed(t) for t in tests):
             raise ValueError("a test's id, file, unit, wall and CPU seconds or kinds not as the suite writes them")
+        if not (profile.get("machine_cpu") is None or seconds(profile["machine_cpu"])):
+            raise ValueError(f"machine_cpu {profile['machine_cpu']!r} is not a number of seconds")
     except InputError as err:
         sys.exit(f"test_profile: {err}")
     except (OSError, ValueError, KeyError, TypeError) as err:
@@ -49,12 +54,16 @@ def load(path):
     return profile
 
 
+def seconds(value):
+    """Whether `value` is a JSON number of seconds (0 or more, finite)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 <= value < float("inf")
+
+
 def well_formed(test):
     """One test's record as tests/support/costs.py writes it."""
-    number = lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool) and 0 <= v < float("inf")  # noqa: E731
     return (isinstance(test, dict) and all(isinstance(test.get(k), str) for k in ("test", "file"))
-            and isinstance(test.get("unit", ""), str) and number(test.get("wall")) and number(test.get("cpu"))
-            and number(test.get("processes", 0)) and isinstance(test.get("kinds"), list)
+            and isinstance(test.get("unit", ""), str) and seconds(test.get("wall")) and seconds(test.get("cpu"))
+            and seconds(test.get("processes", 0)) and isinstance(test.get("kinds"), list)
             and all(isinstance(kind, str) for kind in test["kinds"]))
 
 
@@ -76,11 +85,15 @@ def report(profile, sort, top, older=None):
     tests = profile["tests"]
     files = by_file(tests)
     old = by_file(older["tests"]) if older else {}
-    lines = [f"{len(tests)} tests, {sum(t['wall'] for t in tests):.0f} s of test time, "
+    count = sum(t["file"] != SESSION_FIXTURES for t in tests)
+    lines = [f"{count} tests, {sum(t['wall'] for t in tests):.0f} s of test time, "
              f"{sum(t['cpu'] for t in tests):.0f} s CPU; the session {profile.get('session_wall', 0):.0f} s"
              + (f" (before: {len(older['tests'])} tests, {sum(t['cpu'] for t in older['tests']):.0f} s CPU, the "
-                f"session {older.get('session_wall', 0):.0f} s)" if older else ""),
-             "", f"{'file':34} {'tests':>5} {'procs':>5} {'wall s':>8} {'CPU s':>8}"
+                f"session {older.get('session_wall', 0):.0f} s)" if older else "")]
+    if profile.get("machine_cpu") is not None:
+        lines.append(f"the machine: {profile['machine_cpu']:.0f} CPU-s busy over the session; "
+                     f"{profile['machine_cpu'] - sum(t['cpu'] for t in tests):.0f} outside the tests' figures")
+    lines += ["", f"{'file':34} {'tests':>5} {'procs':>5} {'wall s':>8} {'CPU s':>8}"
              + (f" {'CPU before':>10}" if older else "")
              + "  kinds of cost (tests)"]
     for name, entry in sorted(files.items(), key=lambda item: -item[1][sort]):
@@ -105,7 +118,8 @@ def save_costs(profile, path=UNIT_COSTS):
     while holding the file's lock (files.write_atomically); a link or a folder planted at the path is refused."""
     costs = collections.Counter()
     for t in profile["tests"]:
-        costs[t.get("unit", t["file"])] += t["wall"]
+        if t["file"] != SESSION_FIXTURES:  # no unit the scheduler hands out
+            costs[t.get("unit", t["file"])] += t["wall"]
     text = json.dumps({name: round(seconds, 1) for name, seconds in costs.most_common()}, indent=1) + "\n"
     try:
         files.refuse_special(path, "unit costs")

@@ -33,8 +33,8 @@ def profile_tool(tree, *args):
     return run([sys.executable, str(tree / "bench" / "test_profile.py"), *map(str, args)], timeout=60)
 
 
-def write_profile(path, tests=TESTS):
-    path.write_text(json.dumps({"tests": tests, "session_wall": 40.0}))
+def write_profile(path, tests=TESTS, **fields):
+    path.write_text(json.dumps({"tests": tests, "session_wall": 40.0, **fields}))
     return path
 
 
@@ -57,6 +57,50 @@ def test_a_profile_is_reported_by_file_and_its_unit_costs_written_for_the_schedu
     costs = tool / "tests" / "unit_costs.json"
     assert known_costs(str(costs)) == {"b-split": 30.0, "tests/test_a.py": 15.0}
     assert sorted(os.listdir(tool / "tests")) == ["unit_costs.json"]  # no temporary file, no lock left
+
+
+def test_the_machine_s_cpu_is_reported_and_the_session_fixtures_row_is_no_unit_to_schedule(tool, tmp_path):
+    session = {"test": "session fixtures: the teardown after gw1's last test", "file": "session fixtures",
+               "unit": "session fixtures", "wall": 2.0, "cpu": 3.0, "kinds": [], "processes": 0}
+    profile = write_profile(tmp_path / "profile.json", TESTS + [session], machine_cpu=100.0)
+    result = profile_tool(tool, profile)
+    assert result.returncode == 0, result.stderr
+    assert "3 tests, 47 s of test time, 41 s CPU; the session 40 s" in result.stdout
+    assert "the machine: 100 CPU-s busy over the session; 59 outside the tests' figures" in result.stdout
+    assert [line.split()[:6] for line in result.stdout.splitlines() if line.startswith("session fixtures")][0] == [
+        "session", "fixtures", "1", "0", "2", "3"]
+    assert profile_tool(tool, profile, "--save-costs").returncode == 0
+    assert known_costs(str(tool / "tests" / "unit_costs.json")) == {"b-split": 30.0, "tests/test_a.py": 15.0}
+
+
+@pytest.mark.parametrize("value", ["100", -1, True, [1]], ids=["a text", "negative", "a bool", "a list"])
+def test_a_machine_figure_edited_wrong_is_one_line(tool, tmp_path, value):
+    bad = write_profile(tmp_path / "bad.json", machine_cpu=value)
+    assert_one_line(profile_tool(tool, bad), bad)
+
+
+def test_a_worker_s_teardown_of_the_session_s_fixtures_is_a_row_of_its_own(tmp_path):
+    """The costs plugin in a pytest run of its own: a session fixture whose teardown spends a second of a child's CPU
+    (as the Docker engine's stop does) is charged to the "session fixtures" row, not to the last test, which paid it
+    before; the profile carries the machine's busy CPU over the session."""
+    (tmp_path / "conftest.py").write_text(
+        "from tests.support.costs import Profile\n\n\ndef pytest_configure(config):\n"
+        "    config.pluginmanager.register(Profile(config), 'rn50-cost-profile')\n")
+    (tmp_path / "test_session.py").write_text(
+        "import subprocess\nimport sys\n\nimport pytest\n\n\n@pytest.fixture(scope='session')\ndef engine():\n"
+        "    yield\n    subprocess.run([sys.executable, '-c', 'import time\\nt = time.process_time()\\n"
+        "while time.process_time() - t < 1: pass'])\n\n\ndef test_first(engine):\n    pass\n\n\n"
+        "def test_last(engine):\n    pass\n")
+    result = run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-c", os.devnull, "--rootdir",
+                  str(tmp_path), "-o", f"cache_dir={tmp_path / 'cache'}", str(tmp_path / "test_session.py")],
+                 timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    with open(tmp_path / "cache" / "d" / "rn50-profile" / "profile.json") as f:
+        profile = json.load(f)
+    rows = {t["test"].split("::")[-1]: t for t in profile["tests"]}
+    assert rows["session fixtures: the teardown after main's last test"]["cpu"] >= 0.9, rows
+    assert rows["test_last"]["cpu"] < 0.5 and rows["test_first"]["cpu"] < 0.5, rows
+    assert profile["machine_cpu"] >= 0.9 and "the machine: " in result.stdout
 
 
 @pytest.mark.parametrize("plant", bad_values.PLANTS.values(), ids=bad_values.PLANTS)

@@ -15,7 +15,11 @@ short), and the test's whole process tree, sampled every SAMPLE_S while the test
 training that a launcher script starts); the sampler also counts the processes it saw (those that lived a sample
 interval or more: every python that imports MXNet does, about 2.5 s of CPU each). The CPU that a daemon spends for a
 test outside the test's process tree (a Slurm job's slurmstepd, a container's processes: both detach from their
-parent) is not in its CPU figure; its wall time is.
+parent) is not in its CPU figure; its wall time is. The machine's busy CPU over the session (/proc/stat) is printed
+beside the tests' sum, so that what the tests' figures miss shows as the difference.
+
+A worker's last test tears down the session's fixtures too (a Docker engine stopped and waited for, its CPU then
+the worker's children's): that teardown is its own row, "session fixtures", not the test's.
 
 At the end of the run the controller prints the totals, each worker's share and the 10 slowest tests, and writes the
 whole profile as JSON to the pytest cache (.pytest_cache/d/rn50-profile/profile.json), which `python
@@ -36,6 +40,7 @@ from tests.support import schedule
 SAMPLE_S = 0.25
 SLOWEST = 10
 PROPERTY = "rn50_cost"  # the user property a test's teardown report carries its figures in (xdist sends it over)
+SESSION_FIXTURES = "session fixtures"  # the file and unit of a worker's session teardown row
 CACHE_FOLDER = "rn50-profile"
 
 DAEMONS = {"dockerd", "containerd", "slurmctld", "slurmd", "munged"}
@@ -67,6 +72,18 @@ def cpu_seconds():
     """User + system seconds of this process and of its waited-for children so far."""
     me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
+def machine_busy():
+    """CPU-seconds this machine's CPUs have been busy since boot (user, nice, system, irq and softirq of /proc/stat's
+    cpu line: every process's, daemons' and containers' included), or None without /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:8]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = ticks
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def has_children():
@@ -158,8 +175,10 @@ class Profile:
         self.config = config
         self.watch = Watch()
         self.began = {}  # nodeid -> (wall clock, CPU seconds)
+        self.last_teardown = None  # (wall, CPU seconds) of this worker's last teardown, the session's fixtures in it
         self.tests = []
         self.session_start = time.time()
+        self.machine_start = machine_busy()
 
     # --- where the test runs ---------------------------------------------------------------------------------
 
@@ -170,6 +189,14 @@ class Profile:
         yield
 
     @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_teardown(self, item, nextitem):
+        """The teardown after a worker's last test (nextitem None) ends the session's fixtures: timed apart."""
+        start, cpu = time.time(), cpu_seconds()
+        yield
+        if nextitem is None:
+            self.last_teardown = (time.time() - start, cpu_seconds() - cpu)
+
+    @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item, call):
         outcome = yield
         report = outcome.get_result()
@@ -178,12 +205,20 @@ class Profile:
         start, cpu = self.began.pop(item.nodeid)
         kinds, processes = self.watch.stop()
         group = schedule.unit(item)
-        report.user_properties.append((PROPERTY, {
-            "test": item.nodeid.removesuffix("@" + group), "file": item.nodeid.split("::")[0], "unit": group,
-            "wall": round(time.time() - start, 3),
-            "cpu": round(cpu_seconds() - cpu, 3), "kinds": kinds, "processes": processes,
-            "end": round(time.time(), 3),
-            "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}))
+        wall, cpu = time.time() - start, cpu_seconds() - cpu
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        rows = []
+        if self.last_teardown:
+            (last_wall, last_cpu), self.last_teardown = self.last_teardown, None
+            wall, cpu = wall - last_wall, cpu - last_cpu
+            rows.append({"test": f"{SESSION_FIXTURES}: the teardown after {worker}'s last test",
+                         "file": SESSION_FIXTURES, "unit": SESSION_FIXTURES, "wall": round(last_wall, 3),
+                         "cpu": round(last_cpu, 3), "kinds": [], "processes": 0, "end": round(time.time(), 3),
+                         "worker": worker})
+        rows.insert(0, {"test": item.nodeid.removesuffix("@" + group), "file": item.nodeid.split("::")[0],
+                        "unit": group, "wall": round(wall, 3), "cpu": round(cpu, 3), "kinds": kinds,
+                        "processes": processes, "end": round(time.time(), 3), "worker": worker})
+        report.user_properties += [(PROPERTY, row) for row in rows]
 
     # --- where the reports arrive ----------------------------------------------------------------------------
 
@@ -195,31 +230,38 @@ class Profile:
         if hasattr(self.config, "workerinput") or not self.tests:
             return
         elapsed = time.time() - self.session_start
-        path = self.save(elapsed)
+        now = machine_busy()
+        machine = now - self.machine_start if None not in (now, self.machine_start) else None
+        path = self.save(elapsed, machine)
         write = terminalreporter.write_line
         terminalreporter.section("cost profile")
-        for line in summary(self.tests, elapsed, self.session_start):
+        for line in summary(self.tests, elapsed, self.session_start, machine=machine):
             write(line)
         write(f"the whole profile: {path or 'not saved (no cache)'}; by file: python bench/test_profile.py")
 
-    def save(self, elapsed):
+    def save(self, elapsed, machine):
         cache = getattr(self.config, "cache", None)
         if cache is None:
             return None
         path = os.path.join(cache.mkdir(CACHE_FOLDER), "profile.json")
         with open(path + ".tmp", "w") as f:
-            json.dump({"session_wall": round(elapsed, 1), "start": self.session_start, "tests": self.tests}, f,
-                      indent=0)
+            json.dump({"session_wall": round(elapsed, 1), "start": self.session_start,
+                       "machine_cpu": machine and round(machine, 1), "tests": self.tests}, f, indent=0)
         os.replace(path + ".tmp", path)
         return path
 
 
-def summary(tests, elapsed, start, slowest=SLOWEST):
-    """The lines printed at the end of a run: totals, each worker's busy time and when it ran out of tests, and the
-    slowest tests by wall time."""
+def summary(tests, elapsed, start, slowest=SLOWEST, machine=None):
+    """The lines printed at the end of a run: totals (with `machine`, the machine's busy CPU-seconds over the session),
+    each worker's busy time and when it ran out of tests, and the slowest tests by wall time."""
     wall, cpu = sum(t["wall"] for t in tests), sum(t["cpu"] for t in tests)
-    lines = [f"{len(tests)} tests: {wall:.0f} s of test time, {cpu:.0f} s CPU (the tests' processes and the children "
-             f"they waited for); the session {elapsed:.0f} s"]
+    count = sum(t["file"] != SESSION_FIXTURES for t in tests)
+    lines = [f"{count} tests: {wall:.0f} s of test time, {cpu:.0f} s CPU (the tests' processes and the children they "
+             f"waited for, the session fixtures' teardown included); the session {elapsed:.0f} s"]
+    if machine is not None:
+        lines.append(f"the machine: {machine:.0f} CPU-s busy over the session ({machine / elapsed:.2f} of its "
+                     f"{os.cpu_count()} CPUs); {machine - cpu:.0f} outside the tests' figures (daemons, containers, "
+                     "Slurm jobs, pytest's own processes, and anything else that ran meanwhile)")
     workers = sorted({t["worker"] for t in tests})
     if len(workers) > 1:
         lines.append("workers: " + ", ".join(
