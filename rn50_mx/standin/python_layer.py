@@ -117,7 +117,7 @@ def lars_kernel(name, stock):
                                 "kernel holds (src/operator/lars_multi_sgd-inl.h:156, unchecked: it would write past "
                                 "them); the stand-in refuses what would be silently wrong")
         outs = out if isinstance(out, (list, tuple)) else [out]
-        if count < 1 or len(outs) != count or (len(data) - 2) % count:  # the stock kernel's own refusal
+        if out is None or count < 1 or len(outs) != count or (len(data) - 2) % count:  # new arrays, or stock's refusal
             return stock(*data, num_weights=num_weights, out=out, **kwargs)
         stride, (lrs, wds) = (len(data) - 2) // count, data[-2:]
         for k in range(count):
