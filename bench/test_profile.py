@@ -67,6 +67,11 @@ def well_formed(test):
             and all(isinstance(kind, str) for kind in test["kinds"]))
 
 
+def count_tests(tests):
+    """The tests of a profile's records: the session fixtures' rows are none."""
+    return sum(t["file"] != SESSION_FIXTURES for t in tests)
+
+
 def by_file(tests):
     """{file: {"tests": n, "wall": s, "cpu": s, "kinds": Counter}}."""
     files = collections.defaultdict(lambda: {"tests": 0, "wall": 0.0, "cpu": 0.0, "processes": 0,
@@ -85,10 +90,9 @@ def report(profile, sort, top, older=None):
     tests = profile["tests"]
     files = by_file(tests)
     old = by_file(older["tests"]) if older else {}
-    count = sum(t["file"] != SESSION_FIXTURES for t in tests)
-    lines = [f"{count} tests, {sum(t['wall'] for t in tests):.0f} s of test time, "
+    lines = [f"{count_tests(tests)} tests, {sum(t['wall'] for t in tests):.0f} s of test time, "
              f"{sum(t['cpu'] for t in tests):.0f} s CPU; the session {profile.get('session_wall', 0):.0f} s"
-             + (f" (before: {len(older['tests'])} tests, {sum(t['cpu'] for t in older['tests']):.0f} s CPU, the "
+             + (f" (before: {count_tests(older['tests'])} tests, {sum(t['cpu'] for t in older['tests']):.0f} s CPU, the "
                 f"session {older.get('session_wall', 0):.0f} s)" if older else "")]
     if profile.get("machine_cpu") is not None:
         lines.append(f"the machine: {profile['machine_cpu']:.0f} CPU-s busy over the session; "

@@ -69,6 +69,8 @@ def test_the_machine_s_cpu_is_reported_and_the_session_fixtures_row_is_no_unit_t
     assert "the machine: 100 CPU-s busy over the session; 59 outside the tests' figures" in result.stdout
     assert [line.split()[:6] for line in result.stdout.splitlines() if line.startswith("session fixtures")][0] == [
         "session", "fixtures", "1", "0", "2", "3"]
+    against = profile_tool(tool, write_profile(tmp_path / "new.json"), "--against", profile)
+    assert against.returncode == 0 and "(before: 3 tests, 41 s CPU, the session 40 s)" in against.stdout
     assert profile_tool(tool, profile, "--save-costs").returncode == 0
     assert known_costs(str(tool / "tests" / "unit_costs.json")) == {"b-split": 30.0, "tests/test_a.py": 15.0}
 
