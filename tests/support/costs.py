@@ -205,19 +205,16 @@ class Profile:
         start, cpu = self.began.pop(item.nodeid)
         kinds, processes = self.watch.stop()
         group = schedule.unit(item)
-        wall, cpu = time.time() - start, cpu_seconds() - cpu
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        rows = []
+        worker, end = os.environ.get("PYTEST_XDIST_WORKER", "main"), time.time()
+        session_wall, session_cpu = self.last_teardown or (0.0, 0.0)  # the session's teardown: not this test's
+        rows = [{"test": item.nodeid.removesuffix("@" + group), "file": item.nodeid.split("::")[0], "unit": group,
+                 "wall": round(end - start - session_wall, 3), "cpu": round(cpu_seconds() - cpu - session_cpu, 3),
+                 "kinds": kinds, "processes": processes, "end": round(end, 3), "worker": worker}]
         if self.last_teardown:
-            (last_wall, last_cpu), self.last_teardown = self.last_teardown, None
-            wall, cpu = wall - last_wall, cpu - last_cpu
             rows.append({"test": f"{SESSION_FIXTURES}: the teardown after {worker}'s last test",
-                         "file": SESSION_FIXTURES, "unit": SESSION_FIXTURES, "wall": round(last_wall, 3),
-                         "cpu": round(last_cpu, 3), "kinds": [], "processes": 0, "end": round(time.time(), 3),
-                         "worker": worker})
-        rows.insert(0, {"test": item.nodeid.removesuffix("@" + group), "file": item.nodeid.split("::")[0],
-                        "unit": group, "wall": round(wall, 3), "cpu": round(cpu, 3), "kinds": kinds,
-                        "processes": processes, "end": round(time.time(), 3), "worker": worker})
+                         "file": SESSION_FIXTURES, "unit": SESSION_FIXTURES, "wall": round(session_wall, 3), "cpu": round(session_cpu, 3),
+                         "kinds": [], "processes": 0, "end": round(end, 3), "worker": worker})
+            self.last_teardown = None
         report.user_properties += [(PROPERTY, row) for row in rows]
 
     # --- where the reports arrive ----------------------------------------------------------------------------
