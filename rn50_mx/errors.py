@@ -1,4 +1,5 @@
 """One error type for bad input, and the CLI wrapper that turns it into one line on stderr."""
+import gc
 import os
 import re
 import sys
@@ -28,7 +29,12 @@ def one_line(message):
 def run_cli(main, prog):
     """Run `main()`; an InputError, Ctrl-C or a closed output pipe ends the process with one line and a non-zero code.
     After a failure the process ends at once (its `finally` blocks have run): a worker thread blocked in a read (a
-    FIFO, a hung mount) must not keep it waiting at interpreter exit."""
+    FIFO, a hung mount) must not keep it waiting at interpreter exit.
+
+    What the imports made (MXNet's thousands of generated operator functions, about 120,000 objects) lives as long as
+    the process: frozen out of the garbage collector, whose every full pass and DALI's collect at exit would walk it
+    again (a tiny training: 4.42-4.55 user CPU-seconds against 4.59-4.92, side by side)."""
+    gc.freeze()
     try:
         code = main()
     except InputError as err:

@@ -81,28 +81,45 @@ def test_a_machine_figure_edited_wrong_is_one_line(tool, tmp_path, value):
     assert_one_line(profile_tool(tool, bad), bad)
 
 
-def test_a_worker_s_teardown_of_the_session_s_fixtures_is_a_row_of_its_own(tmp_path):
-    """The costs plugin in a pytest run of its own: a session fixture whose teardown spends a second of a child's CPU
-    (as the Docker engine's stop does) is charged to the "session fixtures" row, not to the last test, which paid it
-    before; the profile carries the machine's busy CPU over the session."""
+def plugin_run(tmp_path, source):
+    """(profile, pytest's stdout) of the costs plugin in a pytest run of its own, of the test file `source`."""
     (tmp_path / "conftest.py").write_text(
         "from tests.support.costs import Profile\n\n\ndef pytest_configure(config):\n"
         "    config.pluginmanager.register(Profile(config), 'rn50-cost-profile')\n")
-    (tmp_path / "test_session.py").write_text(
-        "import subprocess\nimport sys\n\nimport pytest\n\n\n@pytest.fixture(scope='session')\ndef engine():\n"
-        "    yield\n    subprocess.run([sys.executable, '-c', 'import time\\nt = time.process_time()\\n"
-        "while time.process_time() - t < 1: pass'])\n\n\ndef test_first(engine):\n    pass\n\n\n"
-        "def test_last(engine):\n    pass\n")
+    (tmp_path / "test_plugged.py").write_text(source)
     result = run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-c", os.devnull, "--rootdir",
-                  str(tmp_path), "-o", f"cache_dir={tmp_path / 'cache'}", str(tmp_path / "test_session.py")],
+                  str(tmp_path), "-o", f"cache_dir={tmp_path / 'cache'}", str(tmp_path / "test_plugged.py")],
                  timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     with open(tmp_path / "cache" / "d" / "rn50-profile" / "profile.json") as f:
-        profile = json.load(f)
+        return json.load(f), result.stdout
+
+
+def test_a_worker_s_teardown_of_the_session_s_fixtures_is_a_row_of_its_own(tmp_path):
+    """A session fixture whose teardown spends a second of a child's CPU (as the Docker engine's stop does) is charged
+    to the "session fixtures" row, not to the last test, which paid it before; the profile carries the machine's busy
+    CPU over the session."""
+    profile, stdout = plugin_run(tmp_path, (
+        "import subprocess\nimport sys\n\nimport pytest\n\n\n@pytest.fixture(scope='session')\ndef engine():\n"
+        "    yield\n    subprocess.run([sys.executable, '-c', 'import time\\nt = time.process_time()\\n"
+        "while time.process_time() - t < 1: pass'])\n\n\ndef test_first(engine):\n    pass\n\n\n"
+        "def test_last(engine):\n    pass\n"))
     rows = {t["test"].split("::")[-1]: t for t in profile["tests"]}
     assert rows["session fixtures: the teardown after main's last test"]["cpu"] >= 0.9, rows
     assert rows["test_last"]["cpu"] < 0.5 and rows["test_first"]["cpu"] < 0.5, rows
-    assert profile["machine_cpu"] >= 0.9 and "the machine: " in result.stdout
+    assert profile["machine_cpu"] >= 0.9 and "the machine: " in stdout
+
+
+def test_the_sampler_counts_a_test_s_grandchildren_and_the_kinds_their_command_lines_show(tmp_path):
+    """A test's child (bash) starts a grandchild whose command line says it trains, which the test's own Popen does
+    not show (one bash word holds it): both are counted, and the kind is the grandchild's. The sampler walks the
+    test's tree through the /proc children files (tests/support/costs.py, tree_of)."""
+    profile, _ = plugin_run(tmp_path, (
+        "import subprocess\nimport sys\n\n\ndef test_tree():\n"
+        "    subprocess.run(['bash', '-c', f\"{sys.executable} -c 'import time; time.sleep(1.5)' rn50_mx.train; true\"],"
+        " check=True)\n"))
+    [row] = [t for t in profile["tests"] if t["test"].endswith("::test_tree")]
+    assert row["processes"] == 2 and row["kinds"] == ["trains"], row
 
 
 @pytest.mark.parametrize("plant", bad_values.PLANTS.values(), ids=bad_values.PLANTS)

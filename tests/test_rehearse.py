@@ -66,13 +66,13 @@ def test_the_shipped_config_rehearses_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_config_whose_loss_diverges_is_a_finding_of_the_train_stage(tmp_path):
+def test_a_config_whose_loss_diverges_is_a_finding_of_the_train_stage(records, tmp_path):
     """Issue 43's case: NF5688M6 (an LR scaled for LARS) with plain SGD without momentum, --quick on one rank. Training
     stops itself on the diverged loss, and the rehearsal ends by saying that the config diverges, in how many steps at
     which LR with which optimizer, as a finding of the train stage and not a stage failed in the code (exit 78). The old
     code trained on: its train stage passed, and only its stop-and-resume stage failed (on a NaN checkpoint that it
     called forged)."""
-    result = rehearse("NF5688M6", "--quick", "--ranks", "1", "--work", str(tmp_path / "work"),
+    result = rehearse("NF5688M6", "--quick", "--ranks", "1", *records, "--work", str(tmp_path / "work"),
                       env={"OPTIMIZER": "sgd", "MOM": "0"})
     assert result.returncode == 78, result.stdout[-3000:] + result.stderr[-2000:]
     status, detail = rows(result.stdout)["train"]
@@ -135,7 +135,7 @@ def covering(paths, base):
 
 @pytest.mark.slow
 @pytest.mark.timeout(2700)  # 12 rehearsals: 407 s in CI's last run, against pytest.ini's 900 for one test
-def test_every_gpu_config_s_code_path_rehearses(configs, tmp_path, monkeypatch):
+def test_every_gpu_config_s_code_path_rehearses(configs, records, tmp_path, monkeypatch):
     """12 recipe configs and the 4 shipped ones; the path of NF5688M6 is the end-to-end test's, the others --quick
     (the run alone), and the first open levers' path through the stop and resume and evaluate stages too (the 8-node
     open path differs from the first in its epochs and ramp only). A path whose changes from NF5688M6's another path
@@ -143,7 +143,8 @@ def test_every_gpu_config_s_code_path_rehearses(configs, tmp_path, monkeypatch):
     from the first epoch of a 5-epoch run), rehearsed by DGXA100_multi_8x8x204's (the same evals, with DALI's cache
     and ROI decode changed as well). So are the open path's self-test and tuner: their stand-in GPU path is the
     end-to-end test's, their open levers' (progressive resizing, --val-crop) test_selftest's and test_tune's on the
-    CPU."""
+    CPU. The quick ones run on the records generated once for the module, as the end-to-end test's generation is
+    rehearsed there."""
     paths = code_paths(configs)
     assert sum(map(len, paths.values())) == 16 and len(paths) >= 4, paths
     base = next(path for path, names in paths.items() if "NF5688M6" in names)
@@ -165,7 +166,7 @@ def test_every_gpu_config_s_code_path_rehearses(configs, tmp_path, monkeypatch):
             except stages.StageFailed as err:
                 failed.append((names, str(err)))
             continue
-        result = rehearse(names[0], "--quick", "--work", str(tmp_path / names[0]), config_dir=str(configs))
+        result = rehearse(names[0], "--quick", *records, "--work", str(tmp_path / names[0]), config_dir=str(configs))
         train = rows(result.stdout).get("train")
         if result.returncode != 0 or not train or train[0] != "ok":
             failed.append((names, train or result.stdout[-1500:] + result.stderr[-1000:]))

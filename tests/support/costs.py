@@ -32,7 +32,6 @@ import sys
 import threading
 import time
 
-import psutil
 import pytest
 
 from tests.support import schedule
@@ -86,17 +85,41 @@ def machine_busy():
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
-def has_children():
-    """Whether this process has a child now: each thread's /proc children file, a look that costs less than psutil's
-    walk of every process (most tests start none)."""
+def children_of(pid):
+    """The pids of `pid`'s children now: each of its threads' /proc children file. An ended process has none."""
+    found = []
     try:
-        for tid in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{tid}/children") as f:
-                if f.read().strip():
-                    return True
-    except FileNotFoundError:
-        return True  # a kernel without these files, or a thread that just ended: walk
-    return False
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found += map(int, f.read().split())
+    except (FileNotFoundError, ProcessLookupError):  # it (or a thread of it) ended while read
+        pass
+    return found
+
+
+def tree_of(pid):
+    """{pid: its start time in clock ticks} of the processes under `pid` now, found through the children files of
+    the tree alone: psutil's walk reads every process on the machine (1.3 ms with 67 of them; this, 0.08 with 3
+    children), and the sampler looks 4 times a second on each worker."""
+    found, todo = {}, children_of(pid)
+    while todo:
+        child = todo.pop()
+        try:
+            with open(f"/proc/{child}/stat") as f:
+                found[child] = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime (proc(5))
+        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+            continue  # ended meanwhile
+        todo += children_of(child)
+    return found
+
+
+def cmdline_of(pid):
+    """`pid`'s argv ([] when it ended, or is a zombie)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [os.fsdecode(arg) for arg in f.read().split(b"\0")[:-1]]
+    except (FileNotFoundError, ProcessLookupError):
+        return []
 
 
 class Watch:
@@ -123,21 +146,13 @@ class Watch:
             self.processes += processes
 
     def sample(self):
-        me = psutil.Process()
+        me = os.getpid()
         while True:
             self.running.wait()
-            try:
-                tree = me.children(recursive=True) if has_children() else []
-            except psutil.Error:
-                tree = []
-            for proc in tree:
-                try:
-                    key = (proc.pid, proc.create_time())
-                    if key not in self.seen:
-                        self.seen.add(key)
-                        self.add(kinds_of(proc.cmdline()), 1)
-                except psutil.Error:
-                    continue
+            for key in tree_of(me).items():
+                if key not in self.seen:
+                    self.seen.add(key)
+                    self.add(kinds_of(cmdline_of(key[0])), 1)
             time.sleep(SAMPLE_S)
 
     def start(self, train_module):
