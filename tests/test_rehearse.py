@@ -1,10 +1,10 @@
 """`python -m rn50_mx.rehearse`: every GPU config's code path run on this CPU, on the stand-in build (rn50_mx/standin),
 as a user runs it before queueing on a cluster: the shipped NF5688M6 config end to end (the run, SIGTERM and an
-exact resume, evaluate, the self-test), then one quick rehearsal (the run alone; the first open path's stopped,
-resumed and evaluated too) per code path among the GPU configs in config/ and those the recipe writes for A100 and
-H100 at 1, 2 and 8 nodes, closed and open; configs that differ only in values (LR, weight decay, hints:
-plan.VALUES_ONLY) share a path. Then GPU review 4's crashes, each a config whose rehearsal fails on the code before,
-and the command's refusals."""
+exact resume, evaluate, the self-test), then one quick rehearsal (the run alone; the open path's stopped, resumed
+and evaluated too) per code path among the GPU configs in config/ and those the recipe writes for A100 and H100 at
+1, 2 and 8 nodes, closed and open; configs that differ only in values (LR, weight decay, hints: plan.VALUES_ONLY)
+or in the run's lengths (plan.DERIVED) share a path. Then GPU review 4's crashes, each a config whose rehearsal
+fails on the code before, and the command's refusals."""
 import contextlib
 import glob
 import inspect
@@ -134,23 +134,25 @@ def covering(paths, base):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(2700)  # 12 rehearsals: 407 s in CI's last run, against pytest.ini's 900 for one test
+@pytest.mark.timeout(2700)  # 229 s of wall at 7b9429c on make test's 3 workers: a slow machine's margin
 def test_every_gpu_config_s_code_path_rehearses(configs, records, tmp_path, monkeypatch):
     """12 recipe configs and the 4 shipped ones; the path of NF5688M6 is the end-to-end test's, the others --quick
-    (the run alone), and the first open levers' path through the stop and resume and evaluate stages too (the 8-node
-    open path differs from the first in its epochs and ramp only). A path whose changes from NF5688M6's another path
-    makes too is rehearsed by that one, its changes taken to act apart (covering()): the 8-node closed configs' (evals
-    from the first epoch of a 5-epoch run), rehearsed by DGXA100_multi_8x8x204's (the same evals, with DALI's cache
-    and ROI decode changed as well). So are the open path's self-test and tuner: their stand-in GPU path is the
-    end-to-end test's, their open levers' (progressive resizing, --val-crop) test_selftest's and test_tune's on the
-    CPU. The quick ones run on the records generated once for the module, as the end-to-end test's generation is
-    rehearsed there."""
+    (the run alone), and the open levers' path through the stop and resume and evaluate stages too. A path whose
+    changes from NF5688M6's another path makes too is rehearsed by that one, its changes taken to act apart
+    (covering()): the 8-node closed configs' (evals from the first epoch), rehearsed by DGXA100_multi_8x8x204's (the
+    same evals, with DALI's cache and ROI decode changed as well); the 1- and 2-node open configs', by the 8-node open
+    configs' (the same levers, with evals from the first epoch: a 5-epoch shrunk run, its ramp over all 5, which the
+    stop and resume crosses). The run's lengths are the eval schedule's (plan.DERIVED). So are the open path's self-test
+    and tuner: their stand-in GPU path is the end-to-end test's, their open levers' (progressive resizing,
+    --val-crop) test_selftest's and test_tune's on the CPU. The quick ones run on the records generated once for the
+    module, as the end-to-end test's generation is rehearsed there."""
     paths = code_paths(configs)
     assert sum(map(len, paths.values())) == 16 and len(paths) >= 4, paths
     base = next(path for path, names in paths.items() if "NF5688M6" in names)
     covered = covering(paths, base)
     assert {tuple(paths[path]): paths[other][0] for path, other in covered.items()} == {
-        ("RA100x8", "RH100x8"): "DGXA100_multi_8x8x204"}, covered
+        ("RA100x8", "RH100x8"): "DGXA100_multi_8x8x204",
+        ("RA100x1_open", "RA100x2_open", "RH100x1_open", "RH100x2_open"): "RA100x8_open"}, covered
     failed, full = [], None
     for path, names in paths.items():
         if path == base or path in covered:

@@ -95,12 +95,17 @@ VALUES_ONLY = {"lr", "end_lr", "wd", "mom", "lars_eta", "lars_eps", "label_smoot
                "dali_crop_buffer_hint", "dali_normalize_buffer_hint", "dali_initial_fill", "val_resize",
                "exit_timeout", "horovod_num_groups", "omp_num_threads", "optimizer_aggregation_size",
                "bfloat16_fallback"}
+# The shrunk run's lengths, which the plan derives from the eval schedule (shrink: its epochs end at the first eval
+# from MIN_EPOCHS on, a ramp ends with them): the schedule stays in the path, and the lengths choose no code of their
+# own.
+DERIVED = {"num_epochs", "prog_end_epoch"}
 
 
 def code_path(s, plan):
     """The shrunk settings that choose code: what makes two configs' rehearsals differ."""
     shrunk = s.replace(**plan.flags)
-    return tuple((name, getattr(shrunk, name)) for name in sorted(config.FIELDS) if name not in VALUES_ONLY)
+    return tuple((name, getattr(shrunk, name)) for name in sorted(config.FIELDS)
+                 if name not in VALUES_ONLY | DERIVED)
 
 
 def generated_records(folder, num_classes=CLASSES, seed=0):
