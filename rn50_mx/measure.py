@@ -77,14 +77,14 @@ def side_by_side(timers, rounds, on_round=None):
     return rates
 
 
-def compare(runs, batch_size, rounds, steps, drain=DRAIN, on_round=None):
+def compare(runs, batch_size, rounds, steps, drain=DRAIN, on_round=None, uncounted=True):
     """{name: median Rate} of runs = {name: (step, endless batches)}, timed side by side over `rounds` rounds.
 
-    A first round, in reverse order, is not counted. on_round(r, {name: [Rate of each counted round]}) is called
-    after each counted round r."""
+    A first round, in reverse order, is not counted (unless not `uncounted`). on_round(r, {name: [Rate of each
+    counted round]}) is called after each counted round r."""
     timers = {name: functools.partial(rate, step, batches, batch_size, steps, drain)
               for name, (step, batches) in runs.items()}
-    for name in list(timers)[::-1]:
+    for name in list(timers)[::-1] if uncounted else ():
         timers[name]()
     return {name: median(values) for name, values in side_by_side(timers, rounds, on_round).items()}
 
@@ -133,11 +133,13 @@ def left_out(s):
     return "; ".join(f"timed without {words}" for name, off, words in LEFT_OUT if getattr(s, name) != off)
 
 
-def synthetic_vs_real(s, ctx, rounds=5, steps=5):
+def synthetic_vs_real(s, ctx, rounds=5, steps=5, figure=True):
     """{"synthetic": Rate, "real": Rate}: the config's training step (hybridized, as train.py) on constant batches,
     the ceiling, and on its real data, timed side by side on `ctx` after drain_for(s) untimed steps each; timed(s)
-    stands for `s`."""
+    stands for `s`. Without `figure` (a stand-in build, whose rate is none), the steps only run: no untimed steps
+    and no uncounted round, one round of `steps` on each source."""
     s = timed(s)
     runs = sources(s, ctx)
     step = train_step(s, ctx)
-    return compare({name: (step, b) for name, b in runs.items()}, s.batch_size, rounds, steps, drain_for(s))
+    return compare({name: (step, b) for name, b in runs.items()}, s.batch_size, rounds if figure else 1, steps,
+                   drain_for(s) if figure else 0, uncounted=figure)

@@ -61,6 +61,9 @@ def test_the_shipped_config_rehearses_end_to_end(tmp_path):
     for stage in ("train", "stop and resume", "evaluate", "self-test", "tune"):
         assert table[stage][0] == "ok", (stage, table)
     assert "bit-identical" in table["stop and resume"][1] and "the run's last eval" in table["evaluate"][1]
+    # the self-test's steps ran on the stand-in and claimed no rate: it said "the input keeps up" before
+    [steps] = [line for line in open(tmp_path / "work" / "selftest.out") if line.startswith("train steps ")]
+    assert "1 step(s) on synthetic and 1 on real batches ran (stand-in: no figure)" in steps, steps
     assert GPU_ONLY_WORDS in result.stdout and "GPU only" in result.stdout
     assert "8 ranks (1 x 8) -> 2 on this machine" in result.stdout
 
