@@ -580,16 +580,15 @@ def assert_evaluates_to(result, top1):
 
 
 @pytest.mark.slow
-def test_evaluate_gives_the_run_s_figures(recs, uninterrupted, two_checkpoints):
-    """The saved model gives the last eval's top-1 exactly (1 and 2 ranks), and the checkpoint after epoch 1 the
-    first eval's."""
-    ranks, _, prefix, log = uninterrupted
+def test_evaluate_gives_the_run_s_figures(recs, two_checkpoints, tmp_path_factory):
+    """The saved model gives the last eval's top-1 exactly, and the checkpoint after epoch 1 the first eval's. A
+    2-rank run's, evaluated on 2 ranks (and 1): test_a_multi_rank_run_has_one_model_the_one_its_evals_judged."""
+    _, _, prefix, log = uninterrupted_run(1, recs, tmp_path_factory)
     logged = values(events(log), "eval_accuracy")
-    assert_evaluates_to(evaluate(recs, ranks, "--model", prefix), logged[-1])
-    if ranks == 1:
-        folder = two_checkpoints + "-after-epoch-1"
-        shutil.copytree(two_checkpoints, folder, ignore=shutil.ignore_patterns(f"step-{STEPS + 2}", "lock"))
-        assert_evaluates_to(evaluate(recs, 1, checkpoint_dir=folder), logged[0])
+    assert_evaluates_to(evaluate(recs, 1, "--model", prefix), logged[-1])
+    folder = two_checkpoints + "-after-epoch-1"
+    shutil.copytree(two_checkpoints, folder, ignore=shutil.ignore_patterns(f"step-{STEPS + 2}", "lock"))
+    assert_evaluates_to(evaluate(recs, 1, checkpoint_dir=folder), logged[0])
 
 
 @pytest.mark.slow
