@@ -86,7 +86,9 @@ def machine_busy():
 
 
 def children_of(pid):
-    """The pids of `pid`'s children now: each of its threads' /proc children file. An ended process has none."""
+    """The pids of `pid`'s children now: each of its threads' /proc children file. An ended process has none; so would
+    every process on a kernel built without CONFIG_PROC_CHILDREN (Debian's and Ubuntu's kernels have it), where the
+    profile's process counts and kinds from grandchildren would read 0."""
     found = []
     try:
         for tid in os.listdir(f"/proc/{pid}/task"):
