@@ -137,9 +137,9 @@ def synthetic_vs_real(s, ctx, rounds=5, steps=5, figure=True):
     """{"synthetic": Rate, "real": Rate}: the config's training step (hybridized, as train.py) on constant batches,
     the ceiling, and on its real data, timed side by side on `ctx` after drain_for(s) untimed steps each; timed(s)
     stands for `s`. Without `figure` (a stand-in build, whose rate is none), the steps only run: no untimed steps
-    and no uncounted round, one round of `steps` on each source."""
+    and no uncounted round."""
     s = timed(s)
     runs = sources(s, ctx)
     step = train_step(s, ctx)
-    return compare({name: (step, b) for name, b in runs.items()}, s.batch_size, rounds if figure else 1, steps,
+    return compare({name: (step, b) for name, b in runs.items()}, s.batch_size, rounds, steps,
                    drain_for(s) if figure else 0, uncounted=figure)

@@ -245,7 +245,7 @@ def timed_steps(s, ctx, steps):
     steps and the uncounted round of a figure it did not give)."""
     note = measure.left_out(s)
     if s.standin != "off":
-        measure.synthetic_vs_real(s, ctx, steps=steps, figure=False)
+        measure.synthetic_vs_real(s, ctx, rounds=1, steps=steps, figure=False)
         return f"{steps} step(s) on synthetic and {steps} on real batches ran (stand-in: no figure)" + (
             note and f"; {note}")
     rates = measure.synthetic_vs_real(s, ctx, rounds=1, steps=steps)  # drains the prefetch depth + 1 first
