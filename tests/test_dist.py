@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import mxnet as mx
 import numpy as np
@@ -238,6 +239,18 @@ def test_one_process_without_a_launcher():
     with pytest.raises(InputError, match="local rank 0 needs GPU 0, but 0 are visible"):
         dist.init(Settings(kv_store="horovod", device="gpu"))
 
+
+
+def test_only_rank_0_of_a_fresh_run_draws_the_initial_weights():
+    """The broadcast gives the other ranks rank 0's weights (their own zeroed first) and a resumed run's come from its
+    checkpoint: nothing else draws them (each draw is 0.8 s of a core). That a 2-rank run's rank 1 then trains rank 0's
+    weights, its evals judging the model rank 0 saves, test_checkpoint's
+    test_a_multi_rank_run_has_one_model_the_one_its_evals_judged shows."""
+    fresh, resumed = SimpleNamespace(resume=None), SimpleNamespace(resume="/ckpt/step-6")
+    assert train.draws_weights(dist.Single(), None) and train.draws_weights(dist.Single(), fresh)
+    assert not train.draws_weights(dist.Single(), resumed)
+    assert not train.draws_weights(SimpleNamespace(rank=1), None)
+    assert not train.draws_weights(SimpleNamespace(rank=1), fresh)
 
 @pytest.mark.slow
 def test_two_ranks_on_half_batches_make_the_one_process_update(tmp_path):
