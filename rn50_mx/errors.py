@@ -48,13 +48,16 @@ def run_cli(main, prog):
     sys.exit(code or 0)
 
 
-def settings_first(resolve, prog):
+def settings_first(resolve, prog, help_text=None):
     """For a tool started as `python -m`, at the top of its module, before the module loads MXNet and DALI (2 s of a
     CPU): `resolve()` reads its arguments and settings as its main() will, so that a bad flag or value is its one line
     and exit 2 at once. Returns what resolve() returned, for main() to take (resolving, and what it says, happens
-    once); None with -h or --help, which main() answers."""
+    once). With -h or --help: help_text() printed and exit 0 when given, else None for main() to answer."""
     if {"-h", "--help"} & set(sys.argv[1:]):
-        return None
+        if help_text is None:
+            return None
+        print(help_text())
+        sys.exit(0)
     try:
         return resolve()
     except InputError as err:

@@ -14,11 +14,21 @@ epochs, with evals on the schedule -> run_stop as soon as top-1 reaches the targ
 """
 import sys
 
-from . import config
+from . import config, data
 from .errors import run_cli, settings_first
 
-# `python -m rn50_mx.train`: the settings before MXNet and DALI load, so that a bad one is one line at once
-EARLY = settings_first(lambda: config.load(sys.argv[1:]), "rn50_mx.train") if __name__ == "__main__" else None
+
+def settings_and_files(argv):
+    """The settings of `argv`, and the data files they name asked what they are (data.present: no byte read)."""
+    s = config.load(argv)
+    data.named_files(s, data.present)
+    return s
+
+
+# `python -m rn50_mx.train`: the settings and the data files' presence before MXNet and DALI load, so that a bad
+# setting, a missing file or --help is answered at once
+EARLY = settings_first(lambda: settings_and_files(sys.argv[1:]), "rn50_mx.train",
+                       config.help_text) if __name__ == "__main__" else None
 
 import faulthandler
 import random
@@ -29,7 +39,7 @@ import mxnet as mx
 import numpy as np
 from mlperf_logging.mllog import constants as K
 
-from . import checkpoint, data, dist, ema, model, optim, watchdog
+from . import checkpoint, dist, ema, model, optim, watchdog
 from . import mlperf_log as log
 from .errors import InputError
 from .updates import Updates

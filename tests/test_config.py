@@ -48,6 +48,8 @@ SMALL = ["--data-train={rec}.rec", "--data-val={rec}.rec", "--batch-size=4", "--
 
 @pytest.mark.parametrize("module, argv, code, says", [
     ("rn50_mx.train", ["--wd=-inf"], 2, "--wd=-inf"),
+    ("rn50_mx.train", ["--help"], 0, "--data-train"),
+    ("rn50_mx.train", ["--data-train={tmp}/missing.rec", "--num-classes=3"], 2, "missing.rec"),
     ("rn50_mx.check", ["--batch-size=abc"], 2, "--batch-size"),
     ("rn50_mx.check", ["--env-names"], 0, "DALI_THREADS"),
     ("rn50_mx.check", SMALL, 0, "data: found "),
@@ -55,10 +57,10 @@ SMALL = ["--data-train={rec}.rec", "--data-val={rec}.rec", "--batch-size=4", "--
      "cannot open the study"),  # a folder where the database would be: refused after the data check
 ])
 def test_tools_answer_before_mxnet_and_dali_load(module, argv, code, says, small_rec, tmp_path):
-    """What needs no arithmetic ends before MXNet and DALI load (2 s of a CPU each time): a bad setting and
-    --env-names (train and check resolve settings first), the whole check of settings and data files (the launchers
-    run it before every trial: it reads the .idx in plain Python, rn50_mx/rec_index.py), and a search refused after
-    its data check."""
+    """What needs no arithmetic ends before MXNet and DALI load (2 s of a CPU each time): a bad setting, train's
+    --help and a data file it cannot find, and --env-names (train and check resolve settings first), the whole check
+    of settings and data files (the launchers run it before every trial: it reads the .idx in plain Python,
+    rn50_mx/rec_index.py), and a search refused after its data check."""
     (tmp_path / "db").mkdir()
     argv = [arg.format(rec=small_rec, tmp=tmp_path) for arg in argv]
     script = (f"import runpy, sys\nsys.argv = [{module!r}, *{argv!r}]\ntry:\n"

@@ -25,7 +25,7 @@ from rn50_mx import prep_rec
 from tests.support import bad_values
 from tests.support.data import TINY_CLASSES
 from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, files_in, launcher, mounted, py, run, sigterm_to
-from tests.support.settings import TINY_KEEP_CACHES
+from tests.support.settings import STOPPED_RUN, TINY_KEEP_CACHES
 from tests.support.studies import planted_study, search_argv
 from tests.support.table_runner import as_user, linked_copy
 
@@ -367,11 +367,12 @@ def test_a_fifo_as_the_val_rec_is_one_line_in_evaluate(shared, stopped_checkpoin
 def test_an_edited_exit_codes_file_is_one_line_in_every_command(tmp_path, edit):
     """rn50_mx/exit_codes.sh, read at import by rn50_mx.exits (issue 43), edited (a code not a number, two codes
     alike) in a copy of the package: one line naming the file, exit 2, not a KeyError traceback at
-    every command that imports checkpoint; a code read wrong would pass a stop off as another outcome."""
+    every command that imports checkpoint; a code read wrong would pass a stop off as another outcome. Training with
+    settings and data that pass its early check (--help, answered before the import, needs no exit code)."""
     shutil.copytree(os.path.join(ROOT, "rn50_mx"), tmp_path / "rn50_mx", ignore=shutil.ignore_patterns("__pycache__"))
     codes = tmp_path / "rn50_mx" / "exit_codes.sh"
     codes.write_text(codes.read_text().replace(*edit))
-    result = subprocess.run(py("rn50_mx.train", "--help"), env={"PATH": ENV_PATH, "PYTHONPATH": str(tmp_path)},
+    result = subprocess.run(py("rn50_mx.train", *STOPPED_RUN), env={"PATH": ENV_PATH, "PYTHONPATH": str(tmp_path)},
                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode == 2 and re.fullmatch(rf"rn50_mx: error: {re.escape(str(codes))}: \w+_EXIT.*reinstall "
                                                    r"rn50_mx\n", result.stderr), result.stderr[-2000:]
