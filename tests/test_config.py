@@ -86,6 +86,28 @@ def test_mxnet_loads_without_scipy_and_scipy_still_loads_for_the_rest():
     assert result.returncode == 0 and result.stdout.splitlines() == ["[] None None", "0.5 3 True"], result
 
 
+MALLINFO = ("import ctypes\n"
+            "class Info(ctypes.Structure):\n"
+            "    _fields_ = [(name, ctypes.c_size_t) for name in ('arena', 'ordblks', 'smblks', 'hblks', 'hblkhd',"
+            " 'usmblks', 'fsmblks', 'uordblks', 'fordblks', 'keepcost')]\n"
+            "libc = ctypes.CDLL(None)\n"
+            "libc.mallinfo2.restype, libc.malloc.restype, libc.free.argtypes = Info, ctypes.c_void_p, [ctypes.c_void_p]\n"
+            "before = libc.mallinfo2()\n"
+            "buffer = libc.malloc(16 << 20)\n"
+            "mapped = libc.mallinfo2().hblks - before.hblks\n"
+            "libc.free(buffer)\n"
+            "print(mapped, libc.mallinfo2().fordblks - before.fordblks >= 16 << 20)\n")
+
+
+def test_a_freed_16_mib_buffer_stays_in_the_heap_for_the_next_array():
+    """rn50_mx/__init__.py fixes glibc's mmap and trim thresholds at 32 and 64 MiB (MXNet's CPU arrays are each a
+    malloc and a free): a 16 MiB buffer comes from the heap, not a mmap of its own, and once freed stays there for
+    the next. Without the package, the same Python maps it and unmaps it at its free."""
+    plain = run([sys.executable, "-c", MALLINFO], env=clean_environ())
+    ours = run([sys.executable, "-c", "import rn50_mx\n" + MALLINFO], env=clean_environ())
+    assert (plain.stdout, ours.stdout) == ("1 False\n", "0 True\n"), (plain, ours)
+
+
 def test_the_images_and_dalis_own_variables_pass_and_a_near_miss_of_ours_is_named():
     result = sourced("NF5688M6", "python -m rn50_mx.check", FOREIGN_DALI)
     assert result.returncode == 0 and result.stderr == "", result.stderr
