@@ -58,7 +58,8 @@ def keep_freed_memory():
     back above its trim threshold. The rehearsal's stand-in kernels and MXNet's imperative operators make and drop
     such buffers at every call. With the thresholds fixed at glibc's ceiling, a buffer of up to 32 MiB comes from the
     heap and a freed one is reused, with the same results. Side by side: the demo's training (2560 images, one
-    thread) 15.9-16.9 CPU-seconds against 18.9-20.0, four pairs; a quick rehearsal of NF5688M6 6-8% less.
+    thread) 15.9-16.9 CPU-seconds against 18.9-20.0, four pairs; a quick rehearsal of NF5688M6 41.1 and 41.1
+    against 42.1 and 40.5 (within the noise); bench/against.py at 2 threads x1.00.
     No effect where malloc has no mallopt (musl's returns 0); GPU memory has MXNet's own pool."""
     mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
     if mallopt is not None:
