@@ -235,6 +235,25 @@ def test_a_tool_s_imports_are_frozen_out_of_the_garbage_collector():
     assert result.returncode == 0 and frozen > 1000 and young < 100, result.stdout + result.stderr
 
 
+@pytest.mark.parametrize("handled_by, status, says", [("run_cli", 130, "probe: interrupted"),
+                                                      ("the tool", 143, "")])
+def test_a_handled_interrupt_ends_with_its_own_status_wherever_it_landed(tmp_path, handled_by, status, says):
+    """A stop that lands in an eval() of a string (collections.namedtuple's, as a lazy import runs) and is handled,
+    by run_cli or by the tool (the search's driver returns 143), ends with the tool's status: CPython 3.11 had it die
+    by SIGINT (-2) instead, after a clean stop, as test_prep_imagenet's stopped pack did once in CI. A tool runs as
+    `python -m`, the one start where Python reads that mark."""
+    (tmp_path / "stopped_tool.py").write_text(
+        "from rn50_mx.errors import run_cli\n"
+        "def stop_in_eval():\n"
+        "    eval('(_ for _ in ()).throw(KeyboardInterrupt)')\n"
+        "def main():\n"
+        + ("    stop_in_eval()\n" if handled_by == "run_cli" else
+           "    try:\n        stop_in_eval()\n    except KeyboardInterrupt:\n        return 143\n")
+        + "run_cli(main, 'probe')\n")
+    result = run([sys.executable, "-m", "stopped_tool"], env={"PYTHONPATH": f"{tmp_path}:{ROOT}"})
+    assert (result.returncode, result.stderr.strip()) == (status, says), result.stderr[-2000:]
+
+
 def test_full_disk_pack_is_one_line_and_leaves_no_temporaries(shared, tmp_path):
     with mounted(tmp_path / "full", "size=64k") as full:
         result = run(py("rn50_mx.prep_rec", "pack", shared["jpegs"], f"{full}/train"))

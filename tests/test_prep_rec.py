@@ -17,6 +17,7 @@ from rn50_mx.errors import InputError
 
 from tests.support.data import CLASSES, PER_CLASS
 from tests.support.prep_rec import assert_one_line_error, cli, file_bytes, read_records
+from tests.support.procs import ROOT, py, run
 
 
 @pytest.fixture
@@ -240,6 +241,28 @@ def test_killed_pack_leaves_nothing_complete(jpeg_tree, small_rec, tmp_path, sig
     assert not {"train.rec", "train.idx", "train.lst"} & set(left)
     if sig == signal.SIGTERM:  # cleaned up, with one line
         assert left == [] and stderr.strip() == "prep_rec: interrupted"
+
+
+def test_a_stop_as_the_record_writer_opens_is_the_one_line(jpeg_tree, tmp_path):
+    """SIGTERM just after MXNet's record writer made its .rec and before it opened its .idx, where the test above
+    can land (it signals once the .rec.tmp is there): MXIndexedRecordIO, left marked open without its .idx file,
+    printed a traceback from its __del__ after the one line. Here the writer's own creation sends the SIGTERM (a
+    sitecustomize), so the stop lands there every time."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, signal\n"
+        "from mxnet import recordio\n"
+        "made = recordio.MXRecordIO.open\n"
+        "def open_then_stop(self):\n"
+        "    made(self)\n"
+        "    if self.flag == 'w':\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "recordio.MXRecordIO.open = open_then_stop\n")
+    out = tmp_path / "out" / "train"
+    result = run(py("rn50_mx.prep_rec", "pack", jpeg_tree, out), env={"PYTHONPATH": f"{site}:{ROOT}"})
+    assert (result.returncode, result.stderr.strip()) == (130, "prep_rec: interrupted"), result.stderr[-2000:]
+    assert os.listdir(out.parent) == []
 
 
 # --- the imagenet and fashion-mnist commands ---------------------------------------------------------------

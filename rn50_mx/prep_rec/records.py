@@ -19,7 +19,7 @@ from itertools import islice
 
 from tqdm import tqdm
 
-from ..errors import InputError
+from ..errors import InputError, stops_deferred
 from ..files import os_error, owned, refuse_existing, remove_quietly, temp_name
 from ..rec_index import text_lines
 
@@ -189,7 +189,8 @@ def write_records(items, out_prefix, fetch, *, workers=1, skip_bad=False, progre
 def pack_into(items, tmp, out_prefix, fetch, workers, skip_bad, progress, size, start):
     """The records and the .lst of write_records under the temporary names `tmp`; (packed, skipped)."""
     packed, skipped = [], []
-    records = mxnet().recordio.MXIndexedRecordIO(tmp["idx"], tmp["rec"], "w")
+    with stops_deferred():
+        records = mxnet().recordio.MXIndexedRecordIO(tmp["idx"], tmp["rec"], "w")
     try:
         results = ordered_map(lambda item: record_of(fetch, item), items, workers)
         with closing(results), progress_bar(sum(map(size, items)) if size else len(items),
