@@ -1,9 +1,8 @@
 """The command line of `python -m rn50_mx.prep_rec` (see the package docstring)."""
 import argparse
-import signal
 import sys
 
-from .. import config
+from .. import children, config
 from ..errors import run_cli
 from ..mlperf_rules import IMAGENET_CLASSES
 from .fashion_mnist import make_fashion_mnist
@@ -89,7 +88,7 @@ def whole(text, low):
 
 def run(args):
     """Run one parsed command; the exit code is 1 when verify finds a bad record."""
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `kill` cleans up like Ctrl-C
+    children.stop_on_sigterm()  # `kill` cleans up like Ctrl-C
     options = dict(workers=args.workers, progress=args.progress)
     if args.command == "verify":
         summary = verify(args.prefix, num_classes=args.num_classes, **options)
