@@ -12,9 +12,13 @@ Together they were 0.5 of the 1.6 CPU-seconds that MXNet's import takes, in ever
 training and Horovod rank, check --resume, evaluate.
 
 2. Freed memory is kept for the next array (keep_freed_memory).
+
+3. MXNet's operator functions come from code compiled at `make` (rn50_mx/op_cache.py).
 """
 import ctypes
 import sys
+
+from .op_cache import CompiledOps
 
 HIDDEN_FROM_MXNET = ("scipy.stats", "scipy.sparse")
 
@@ -41,7 +45,7 @@ class _HiddenFromMXNet:
 
 
 if not any(type(finder).__name__ == "_HiddenFromMXNet" for finder in sys.meta_path):  # once, if reloaded too
-    sys.meta_path.insert(0, _HiddenFromMXNet())
+    sys.meta_path[:0] = [_HiddenFromMXNet(), CompiledOps()]
 
 
 # glibc's malloc.h: mallopt's parameters. MMAP_THRESHOLD is glibc's own ceiling for its moving threshold

@@ -235,14 +235,14 @@ def refuse_special(path, what="output"):
 
 
 def write_atomically(path, text, what="", force=True):
-    """Write `text` under a temporary name, then rename it to `path`, owning `path` meanwhile: a reader sees the
-    old file or the whole new one. An existing `path` is kept unless `force`. A failure is an InputError naming
-    `path` (and `what` it is)."""
+    """Write `text` (str, or bytes) under a temporary name, then rename it to `path`, owning `path` meanwhile: a
+    reader sees the old file or the whole new one. An existing `path` is kept unless `force`. A failure is an
+    InputError naming `path` (and `what` it is)."""
     with owned(path):
         refuse_existing(path, force, what or "file")
         tmp = temp_name(path)
         try:
-            with open(tmp, "w") as f:
+            with open(tmp, "wb" if isinstance(text, bytes) else "w") as f:
                 f.write(text)
             os.replace(tmp, path)
         except OSError as err:
