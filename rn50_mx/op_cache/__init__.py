@@ -140,6 +140,15 @@ class CompiledOps:
         return spec
 
 
+def parser():
+    """The command line of `python -m rn50_mx.op_cache`: no argument; -h says what it does (config.Parser: an error
+    is one line)."""
+    from ..config import Parser
+
+    return Parser(prog="python -m rn50_mx.op_cache", description="Compile MXNet's operator functions once, for "
+                  f"every later import of it: writes {PATH} (make runs it after installing MXNet).")
+
+
 def recorded():
     """{key: code} of every operator source of this MXNet, compiled with the placeholder: MXNet imported in this
     process with an `exec` that records them."""

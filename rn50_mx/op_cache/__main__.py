@@ -5,10 +5,11 @@ import sys
 
 from ..errors import run_cli
 from ..files import write_atomically
-from . import HEADER, PATH, recorded
+from . import HEADER, PATH, parser, recorded
 
 
 def main():
+    parser().parse_args()
     if "mxnet" in sys.modules:
         raise SystemExit("rn50_mx.op_cache: MXNet is already loaded in this process: its sources cannot be recorded")
     table = recorded()
