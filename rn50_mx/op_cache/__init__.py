@@ -1,6 +1,6 @@
 """MXNet's operator functions from code compiled once, at `make`, instead of at every import.
 
-MXNet 1.9's import writes the Python source of a function for each of its operators and compiles it: 2559 sources
+MXNet 1.9's import writes the Python source of a function for each of its operators and compiles it: 2556 sources
 (mxnet/ndarray/register.py and mxnet/symbol/register.py, `exec(code, None, local)`), 0.43 of the 0.95 CPU-seconds the
 import takes here, in every process that loads MXNet: each training and Horovod rank, horovodrun's own check, evaluate.
 Each source differs between processes only by its operator's handle, an address written into it as a number
@@ -34,7 +34,7 @@ def placeholder(digits):
 
 def with_placeholder(source):
     """(`source` with its operator's handle replaced by its placeholder, the handle), or (None, None) when it names
-    no handle or more than one. str.find, not a regular expression: this runs for each of the 2559 sources at every
+    no handle or more than one. str.find, not a regular expression: this runs for each of the 2556 sources at every
     import, where a regular expression's scan of their docstrings took a fifth of a CPU-second."""
     parts, handles, at = [], set(), 0
     for call in CALLS:
