@@ -13,7 +13,7 @@ training and Horovod rank, check --resume, evaluate.
 
 2. Freed memory is kept for the next array (keep_freed_memory).
 
-3. MXNet's operator functions come from code compiled at `make` (rn50_mx/op_cache.py).
+3. MXNet's operator functions come from code compiled at `make` (rn50_mx/op_cache).
 """
 import ctypes
 import sys

@@ -157,12 +157,12 @@ def recorded():
     table, real_exec = {}, builtins.exec
 
     def recording_exec(source, globals=None, locals=None):
-        if isinstance(source, str) and (globals or sys._getframe(1).f_globals).get("__name__") in MODULES:
+        if globals is None:  # as in exec_with: the caller's globals
+            globals = sys._getframe(1).f_globals
+        if isinstance(source, str) and globals.get("__name__") in MODULES:
             general, _ = with_placeholder(source)
             if general is not None:
                 table[key(general)] = compile(general, "<string>", "exec")
-        if globals is None:
-            globals = sys._getframe(1).f_globals
         return real_exec(source, globals, locals)
 
     kept = [finder for finder in sys.meta_path if isinstance(finder, CompiledOps)]
