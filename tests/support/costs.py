@@ -4,7 +4,8 @@ getrusage) and the kinds of cost it paid, read from what ran, never from a list 
 
     trains     a `python -m rn50_mx.train` process (alone, under horovodrun, a launcher or a trial) or training
                steps in the test's own process (rn50_mx.train.train_step called)
-    horovod    horovodrun or mpirun started (the rendezvous of ranks: seconds before the first step)
+    horovod    horovodrun (its script, or its code as rn50_mx.children.horovodrun runs it) or mpirun started (the
+               rendezvous of ranks: seconds before the first step)
     daemon     dockerd, containerd, slurmctld, slurmd or munged started
     image      an image built or loaded (docker build/load, mmdebstrap, make image-cpu)
     container  docker run
@@ -34,6 +35,7 @@ import time
 
 import pytest
 
+from rn50_mx.children import HOROVODRUN
 from tests.support import schedule
 
 SAMPLE_S = 0.25
@@ -53,7 +55,7 @@ def kinds_of(argv):
     found = set()
     if "rn50_mx.train" in words:
         found.add("trains")
-    if LAUNCHERS & set(names):
+    if LAUNCHERS & set(names) or HOROVODRUN in words:
         found.add("horovod")
     if DAEMONS & set(names):
         found.add("daemon")

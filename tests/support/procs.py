@@ -29,10 +29,10 @@ SHARED_CORES = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 def gloo_ranks(n):
     """The command prefix that starts n Gloo ranks on this machine: the rehearsal's (rehearse.stages.horovodrun, this
-    Python's horovodrun), whose ranks poll Horovod's cycle every CYCLE_MS = 5 ms, not at Horovod's shorter default:
+    Python's Horovod), whose ranks poll Horovod's cycle every CYCLE_MS = 25 ms, not at Horovod's shorter default:
     the ranks share 2 cores with the other workers' tests, and a 2-rank run of 12 tiny steps took 12.4-13.5
-    CPU-seconds at the default, 11.6-12.1 at 5 ms (3 runs each, side by side). A latency, not a code path: the
-    launchers' trials keep the config's cycle."""
+    CPU-seconds at the default, 11.6-12.1 at 5 ms, 10.9-11.5 at 25 ms (against 11.7-11.8 at 5 then: 3 runs each,
+    side by side). A latency, not a code path: the launchers' trials keep the config's cycle."""
     return stages.horovodrun(n)
 
 
