@@ -122,6 +122,18 @@ def test_the_sampler_counts_a_test_s_grandchildren_and_the_kinds_their_command_l
     assert row["processes"] == 2 and row["kinds"] == ["trains"], row
 
 
+def test_a_child_seen_before_its_exec_is_read_again_after_it(tmp_path):
+    """A child that the sampler first sees as bash, before its exec of a command that trains (same pid, same start
+    time), is one process whose kind is the command's. fc42 (449a862) failed the test above so, under load: the
+    sampler read the grandchild between bash's fork and its exec, and never again."""
+    profile, _ = plugin_run(tmp_path, (
+        "import subprocess\nimport sys\n\n\ndef test_exec():\n"
+        "    subprocess.run(['bash', '-c', f\"sleep 0.6; exec {sys.executable} -c 'import time; time.sleep(0.6)' "
+        "rn50_mx.train\"], check=True)\n"))
+    [row] = [t for t in profile["tests"] if t["test"].endswith("::test_exec")]
+    assert row["processes"] == 2 and row["kinds"] == ["trains"], row  # bash (python after its exec) and sleep
+
+
 @pytest.mark.parametrize("plant", bad_values.PLANTS.values(), ids=bad_values.PLANTS)
 def test_anything_but_a_profile_at_the_path_is_one_line(tool, tmp_path, plant):
     path = tmp_path / "profile.json"

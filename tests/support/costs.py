@@ -133,7 +133,7 @@ class Watch:
     def __init__(self):
         self.kinds = set()
         self.processes = 0  # of the running test's tree, seen by the sampler
-        self.seen = set()  # (pid, start time) already read
+        self.seen = {}  # (pid, start time) -> its command line when last read
         self.running = threading.Event()
         self.lock = threading.Lock()
         sys.addaudithook(self.audit)
@@ -154,9 +154,12 @@ class Watch:
         while True:
             self.running.wait()
             for key in tree_of(me).items():
-                if key not in self.seen:
-                    self.seen.add(key)
-                    self.add(kinds_of(cmdline_of(key[0])), 1)
+                # read again at every look: a child seen between its fork and its exec still shows its parent's
+                # command line (bash's, one word holding the command), and the exec keeps its pid and start time
+                argv = cmdline_of(key[0])
+                if self.seen.get(key) != argv:
+                    self.add(kinds_of(argv), int(key not in self.seen))
+                    self.seen[key] = argv
             time.sleep(SAMPLE_S)
 
     def start(self, train_module):
