@@ -462,6 +462,23 @@ def test_a_slurm_controller_gone_for_long_is_one_line(tmp_path, monkeypatch):
         launchers.job_done(7)
 
 
+def test_a_several_process_local_run_is_this_python_s_horovodrun_and_without_horovod_one_line(monkeypatch):
+    """A local run of several processes starts under Horovod's launcher run by this Python (children.horovodrun: it
+    ran `horovodrun` from PATH); where this Python has no Horovod (made unimportable as Python documents it), the run
+    is a LaunchError naming it (a run the launcher cannot start: the driver's one line, the trial queued again)."""
+    from rn50_mx.search import launchers
+
+    s = Settings(dgxngpu=2, kv_store="horovod")
+    command = launchers.train_command(s)
+    assert command[:2] == [sys.executable, "-c"] and "run_commandline" in command[2], command
+    assert command[3:8] == ["--gloo", "-np", "2", "-H", "localhost:2"] and "rn50_mx.train" in command, command
+    assert launchers.train_command(s.replace(dgxngpu=1))[:3] == [sys.executable, "-m", "rn50_mx.train"]
+    monkeypatch.setitem(sys.modules, "horovod", None)
+    with pytest.raises(launchers.LaunchError, match=r"^2 processes run under Horovod's horovodrun, and Horovod is "
+                                                    r"not installed for .*python.* \(pip install horovod\)$"):
+        launchers.train_command(s)
+
+
 def test_the_plan_needs_no_data(tmp_path):
     """--dry-run prints the space, the plan and its cost without data, and runs nothing; by default the finals can see
     a set that misses 1 seed in 5 (issue 35: 5 seeds, the old default, passed such a set one time in three)."""
