@@ -167,6 +167,21 @@ def test_sigterm_ends_the_self_test_and_its_horovodrun_ranks(fashion, tmp_path):
     assert alive == []
 
 
+def test_the_allreduce_check_without_horovod_fails_naming_it(monkeypatch):
+    """The allreduce check starts its ranks under this Python's Horovod (children.horovodrun: it looked for the
+    horovodrun script); a Python without Horovod (made unimportable as Python documents it) fails the check in one
+    line, before any process starts."""
+    import sys
+
+    from rn50_mx.config import Settings
+    from rn50_mx.selftest import checks
+    from rn50_mx.selftest.report import CheckFailed
+
+    monkeypatch.setitem(sys.modules, "horovod", None)
+    with pytest.raises(CheckFailed, match=r"^Horovod is not installed for .*python.* \(pip install horovod\)$"):
+        checks.allreduce(Settings(), 2, [])
+
+
 def test_the_stack_row_says_whether_normconv_is_there():
     """GPU review 3: the row said whether the fused BatchNorm kernels are there, not NVIDIA's NormConv operators."""
     from rn50_mx.selftest import stack
