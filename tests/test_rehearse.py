@@ -377,14 +377,15 @@ def test_the_ranks_poll_horovod_at_the_rehearsal_s_cycle_whatever_the_config_exp
     rank = "import os; print('cycle', os.environ['HOROVOD_CYCLE_TIME'])"
     result = subprocess.run([*stages.horovodrun(1), sys.executable, "-c", rank], capture_output=True, text=True,
                             timeout=300, env={**os.environ, "HOROVOD_CYCLE_TIME": "0.1"})
-    assert result.returncode == 0 and f"cycle {float(stages.CYCLE_MS)}\n" in result.stdout, result.stdout + result.stderr
+    assert result.returncode == 0 and f"cycle {float(stages.CYCLE_MS)}\n" in result.stdout, \
+        result.stdout + result.stderr
 
 
 def test_horovodrun_is_this_python_s_horovod_wherever_its_scripts_went(tmp_path):
     """Issue 42, item 8: the rehearsal looked for horovodrun only beside sys.executable, which fails under Debian's
     python3 with pip's scripts in /usr/local/bin or under pip install --user. horovodrun is now this Python's Horovod,
-    with no script looked up: a PATH without it (the system's alone) starts the ranks; a Python that has no Horovod is one
-    line before any work."""
+    with no script looked up: a PATH without it (the system's alone) starts the ranks; a Python that has no Horovod
+    is one line before any work."""
     launcher = stages.horovodrun(1)
     assert launcher[:2] == [sys.executable, "-c"] and launcher[3:] == ["--gloo", "-np", "1", "-H", "localhost:1",
                                                                        "--cycle-time-ms", str(stages.CYCLE_MS)]
@@ -399,7 +400,6 @@ def test_horovodrun_is_this_python_s_horovod_wherever_its_scripts_went(tmp_path)
                             env={"PATH": ENV_PATH, "HOME": "/tmp", **PYTHONPATH})
     assert_one_line_naming(result, f"rn50_mx.rehearse: error: Horovod is not installed for {sys.executable}; ")
     assert not (tmp_path / "work").exists()
-
 
 # Issue 42 item 5: configs `check` passes that the shrink broke (7c8846a): the batch schedule's epochs left where they
 # were, the val crop scaled below 32 px, 4 classes generated whatever NUM_CLASSES. Open levers, NF5688M6 in float32
