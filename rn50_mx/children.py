@@ -29,16 +29,19 @@ HOROVODRUN = ("import sys, rn50_mx\n"
               "sys.exit(run_commandline())\n")
 
 
-def horovodrun():
-    """The command that runs Horovod's launcher, horovodrun, in this Python: its script's own lines
-    (horovod.runner.launch.run_commandline), after `import rn50_mx`. Before it starts the ranks, horovodrun checks
+def horovodrun(ranks, *options):
+    """The command that starts `ranks` processes on this machine under Horovod's launcher, horovodrun, with its
+    `options` (--gloo, ...), run by this Python: its script's own lines (horovod.runner.launch.run_commandline),
+    after `import rn50_mx`. Before it starts the ranks, horovodrun checks
     how Horovod was built in a fork that imports horovod.mxnet, so MXNet (horovod/common/util.py:64-104,
     _check_extension_lambda); the fork inherits the package's import hooks (rn50_mx/__init__.py), and each rank's
     middleman, a fresh Python (multiprocessing's spawn, horovod/runner/common/util/safe_shell_exec.py:206), has no
     script to run again. A 2-rank launch took 0.87 CPU-seconds against the script's 1.97. The ranks import this
     Python's Horovod too, wherever its scripts went (a venv's bin, /usr/local/bin, ~/.local/bin). None when this
     Python has no Horovod."""
-    return [sys.executable, "-c", HOROVODRUN] if importlib.util.find_spec("horovod") else None
+    if importlib.util.find_spec("horovod") is None:
+        return None
+    return [sys.executable, "-c", HOROVODRUN, *options, "-np", str(ranks), "-H", f"localhost:{ranks}"]
 
 
 # The child of start_tied: a small Python that asks the kernel for SIGTERM when its parent ends (prctl

@@ -41,11 +41,11 @@ class ConfigDiverges(Exception):
 def horovodrun(ranks):
     """horovodrun starting `ranks` Gloo ranks on this machine: this Python's Horovod (children.horovodrun); one line
     when there is none."""
-    launcher = children.horovodrun()
+    launcher = children.horovodrun(ranks, "--gloo")
     if not launcher:
         raise InputError(f"Horovod is not installed for {sys.executable}; the rehearsal's ranks run under its "
                          "horovodrun: install Horovod (pip install horovod)")
-    return [*launcher, "--gloo", "-np", str(ranks), "-H", f"localhost:{ranks}", "--cycle-time-ms", str(CYCLE_MS)]
+    return [*launcher, "--cycle-time-ms", str(CYCLE_MS)]
 
 
 def command(plan, module, *extra, **changes):

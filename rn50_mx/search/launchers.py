@@ -55,11 +55,11 @@ def train_command(s):
     processes = s.world_size
     if processes == 1:
         return train
-    launcher = children.horovodrun()
+    launcher = children.horovodrun(processes, "--gloo")
     if not launcher:
         raise LaunchError(f"{processes} processes run under Horovod's horovodrun, and Horovod is not installed for "
                           f"{sys.executable} (pip install horovod)")
-    return [*launcher, "--gloo", "-np", str(processes), "-H", f"localhost:{processes}", *train]
+    return [*launcher, *train]
 
 
 def train_env(s):

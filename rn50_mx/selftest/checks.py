@@ -142,12 +142,11 @@ def allreduce(s, ranks, flags):
     """`ranks` processes (horovodrun) each allreduce float16 and float32 arrays on their device."""
     if ranks < 2:
         raise Skipped("one device: nothing to reduce across (--ranks N runs N processes)")
-    horovodrun = children.horovodrun()
+    horovodrun = children.horovodrun(ranks)
     if not horovodrun:
         raise CheckFailed(f"Horovod is not installed for {sys.executable} (pip install horovod)")
     world = ["--kv-store", "horovod", "--dgxnnodes", "1", "--dgxngpu", str(ranks)]  # the world dist.init expects
-    command = [*horovodrun, "-np", str(ranks), "-H", f"localhost:{ranks}", sys.executable, "-m",
-               "rn50_mx.selftest", "--allreduce-worker", *flags, *world]
+    command = [*horovodrun, sys.executable, "-m", "rn50_mx.selftest", "--allreduce-worker", *flags, *world]
     result = children.run(command, timeout=300)  # ended with the self-test when it is stopped
     # by rank, not by line: under horovodrun's tagged output one rank's line can land inside another's
     ok = set(re.findall(r"ALLREDUCE OK rank (\d+)", result.stdout))
