@@ -4,6 +4,7 @@ global batch with) and the published runs below the smallest RCP (PUBLISHED).
 
 The target top-1 and the eval period are the settings' defaults (config.py, the ground floor, states them once);
 mlperf_logging is imported only by the functions that read its tables."""
+import functools
 import glob
 import os
 from dataclasses import dataclass
@@ -80,8 +81,13 @@ def rulesets():
                   if os.path.isfile(os.path.join(folder, f"rcps_{BENCHMARK}.json")))
 
 
+@functools.lru_cache(maxsize=None)
 def load_checker(ruleset):
-    """The RCP checker of a ruleset: the table with its olympic means, lowest accepted means and pruning."""
+    """The RCP checker of a ruleset: the table with its olympic means, lowest accepted means and pruning. Made once a
+    process: its constructor computes every RCP's lowest accepted mean (about 900 t-tests, 0.14 CPU-s after scipy's
+    import) and the recipe asks up to three times; what this package calls on it (_find_*, _get_rcp_data,
+    _create_interp_rcp) reads it and changes nothing (mlperf_logging 4.1.68 rcp_checker.py: only __init__ and
+    _prune_rcps assign to it)."""
     if not os.path.isfile(rcp_file(ruleset)):
         raise InputError(f"--ruleset {ruleset}: mlperf_logging has no ResNet RCPs for it (it has "
                          f"{', '.join(rulesets())})")
