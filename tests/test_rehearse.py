@@ -65,6 +65,7 @@ def test_the_shipped_config_rehearses_end_to_end(tmp_path):
     assert "1 step(s) on synthetic and 1 on real batches ran (stand-in: no figure)" in steps, steps
     assert GPU_ONLY_WORDS in result.stdout and "GPU only" in result.stdout
     assert "8 ranks (1 x 8) -> 2 on this machine" in result.stdout
+    assert ", 3 steps an epoch, " in result.stdout  # the stop lands by step 8 (plan.MIN_EPOCHS)
 
 
 @pytest.mark.slow
@@ -84,6 +85,7 @@ def test_a_config_whose_loss_diverges_is_a_finding_of_the_train_stage(records, t
                     r"finding about the settings that set the step size, not a failure of the code \(train stage\)$",
                     last), last
     assert "rehearse: no stage failed in the code" in result.stdout
+    assert ", 2 steps an epoch, " in result.stdout  # --quick stops nothing (plan.QUICK_STEPS)
 
 
 def sourced(path, **env):

@@ -82,7 +82,7 @@ def rehearse(s, ranks, work, quick=False, own_data=False):
                 f"{s.optimizer}, batch {s.batch_size} x {s.world_size}"
                 + (f", NormConv {s.normconv_wiring}" if s.normconv else ", NormConv off")
                 + f"; stand-in GPU sm_{s.standin_sm} (RN50_STANDIN_SM)")]
-    plan = planned(s, ranks, work, own_data)
+    plan = planned(s, ranks, work, own_data, quick)
     rows += [Row("shrunk", None, line) for line in plan.shrunk]
     reference = attempt(rows, "train", stages.train, plan, work)
     if reference and not quick:
@@ -94,13 +94,14 @@ def rehearse(s, ranks, work, quick=False, own_data=False):
     return rows + [Row("GPU only", None, what) for what in GPU_ONLY]
 
 
-def planned(s, ranks, work, own_data=False):
+def planned(s, ranks, work, own_data=False, quick=False):
     """The Plan of the rehearsal of `s` on `ranks` ranks: on the settings' data files with `own_data`, else on records
     generated in WORK/data with the config's classes (DATADIR's ImageNet is not read: each shrunk eval would read its
-    whole val split)."""
+    whole val split); with `quick` (the run alone, no stop to land) at fewer steps an epoch."""
+    steps = planning.QUICK_STEPS if quick else planning.STEPS
     if own_data:
-        return planning.shrink(s, ranks, {"train": s.data_train, "val": s.data_val})
-    return planning.shrink(s, ranks, planning.generated_records(os.path.join(work, "data"), s.num_classes))
+        return planning.shrink(s, ranks, {"train": s.data_train, "val": s.data_val}, steps)
+    return planning.shrink(s, ranks, planning.generated_records(os.path.join(work, "data"), s.num_classes), steps)
 
 
 def attempt(rows, name, stage, *args):

@@ -17,6 +17,7 @@ from .stages import CYCLE_MS
 SIDE = 64  # pixels of the shrunk training crop: every stage of ResNet-50 still has a 2x2 map
 BATCH = 4  # images per rank per step
 STEPS = 3  # steps per epoch
+QUICK_STEPS = 2  # per epoch with --quick, which stops nothing: the same epochs and evals, a third fewer stand-in steps
 MIN_EPOCHS = 3  # a stop asked at step 1 lands by step 8 or an update later (checkpoint.stops): epoch 2 or 3
 CLASSES, TRAIN_IMAGES, VAL_IMAGES = 4, 32, 16  # generated: at most CLASSES classes (fewer when the config has fewer)
 
@@ -55,18 +56,19 @@ def first_eval_from(s, epoch):
     return next(e for e in range(epoch, epoch + s.eval_period) if e % s.eval_period == s.eval_offset % s.eval_period)
 
 
-def shrink(s, ranks, data):
-    """The Plan of settings `s` on `ranks` processes of one node with the data {"train": rec, "val": rec}."""
+def shrink(s, ranks, data, steps=STEPS):
+    """The Plan of settings `s` on `ranks` processes of one node with the data {"train": rec, "val": rec}, `steps`
+    steps an epoch."""
     c, h, _ = s.image_chw
     factor = SIDE / h
     epochs = first_eval_from(s, MIN_EPOCHS - 1) + 1
     flags = dict(standin="gpu", data_train=data["train"], data_val=data["val"], image_shape=f"{c},{SIDE},{SIDE}",
-                 batch_size=BATCH, num_examples=ranks * BATCH * STEPS, num_epochs=epochs, max_epochs=0,
+                 batch_size=BATCH, num_examples=ranks * BATCH * steps, num_epochs=epochs, max_epochs=0,
                  warmup_epochs=min(s.warmup_epochs, 1), accuracy_threshold=1.0, dgxnnodes=1, dgxngpu=ranks,
                  kv_store="horovod", dali_threads=1, dali_prefetch_queue=2, seed=1, disp_batches=1,
                  val_crop=scaled(s.val_crop, factor, least=config.MIN_IMAGE_SIDE),
                  prog_start_side=scaled(s.prog_start_side, factor, 16, config.MIN_PROG_SIDE),
-                 prog_step=16 if s.prog_start_side else s.prog_step, ema_every=min(s.ema_every, STEPS),
+                 prog_step=16 if s.prog_start_side else s.prog_step, ema_every=min(s.ema_every, steps),
                  batch_schedule=scaled_schedule(s, epochs))
     if s.prog_start_side:  # the ramp inside the shrunk run: the first epoch at the start side, the last at H,W
         flags.update(prog_start_epoch=0, prog_end_epoch=epochs - 1)
@@ -76,7 +78,7 @@ def shrink(s, ranks, data):
         raise Limit(f"the rehearsal cannot shrink this config ({err}): a limit of its plan (rn50_mx/rehearse/plan.py), "
                     "not a fault of the config, which python -m rn50_mx.check judges") from None
     shrunk = [f"images {h} -> {SIDE} px (val crop, progressive sides alike), batch {s.batch_size} -> {BATCH} a rank, "
-              f"{STEPS} steps an epoch, {s.epoch_limit} -> {epochs} epochs (evals kept on their schedule), warmup "
+              f"{steps} steps an epoch, {s.epoch_limit} -> {epochs} epochs (evals kept on their schedule), warmup "
               f"{s.warmup_epochs:g} -> {flags['warmup_epochs']:g}, no target (top-1 1.0)",
               f"{s.world_size} ranks ({s.dgxnnodes} x {s.dgxngpu}) -> {ranks} on this machine, Gloo in place of NCCL, "
               f"Horovod's cycle {CYCLE_MS} ms (the GPU configs' HOROVOD_CYCLE_TIME=0.1 would spin the cores the ranks "
