@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from rn50_mx import timing
-from tests.support.procs import sourced
+from tests.support.procs import ONE_THREAD, sourced
 
 
 @pytest.mark.slow
@@ -19,11 +19,10 @@ def test_demo_reaches_the_target_and_its_log_passes_the_checker(tmp_path):
     data, logs = tmp_path / "data", tmp_path / "logs"
     packed = sourced("CPU", f'python -m rn50_mx.prep_rec fashion-mnist {data} $FMNIST_ARGS', timeout=600)
     assert packed.returncode == 0, packed.stderr
-    # One OpenMP thread, not config/CPU.sh's one per core: make test's other worker keeps a core busy, and two
-    # threads on the one core left made this demo take 1218 s of wall and 941 s of CPU (alone: 190 s). The same code
-    # path, the same checks; seed 1 reaches the target on one thread too (286 s wall, 297 s CPU, alone).
-    env = {"DATADIR": str(data), "LOGDIR": str(logs), "NEXP": "1", "SEED": "1", "DATESTAMP": "demo",
-           "OMP_NUM_THREADS": "1"}
+    # One OpenMP thread (ONE_THREAD): two on the one core make test's other workers leave made this demo take 1218 s
+    # of wall and 941 s of CPU (alone: 190 s). Seed 1 reaches the target on one thread too (286 s wall, 297 s CPU,
+    # alone).
+    env = {"DATADIR": str(data), "LOGDIR": str(logs), "NEXP": "1", "SEED": "1", "DATESTAMP": "demo", **ONE_THREAD}
     result = sourced("CPU", "./run_with_docker.sh", env, timeout=1800)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 

@@ -11,8 +11,8 @@ import psutil
 import pytest
 
 from tests.support.bfloat16 import DEMO_DTYPE, needs_bfloat16
-from tests.support.procs import (ENV_PATH, PYTHONPATH, ROOT, SHARED_CORES, assert_one_line_naming, descendants,
-                                 sourced)
+from tests.support.procs import (ENV_PATH, ONE_THREAD, PYTHONPATH, ROOT, SHARED_CORES, assert_one_line_naming,
+                                 descendants, sourced)
 from rn50_mx import prep_rec
 
 
@@ -37,7 +37,8 @@ def rows(stdout):
 @pytest.mark.slow
 def test_every_check_passes_on_the_cpu(fashion):
     """config/CPU.sh's path at a quarter of its batch: every row's code is the same, at a quarter of the CPU."""
-    result = sourced("CPU", f"python -m rn50_mx.selftest {fashion} --ranks 2 --steps 1 --batch-size 32", timeout=600)
+    result = sourced("CPU", f"python -m rn50_mx.selftest {fashion} --ranks 2 --steps 1 --batch-size 32", ONE_THREAD,
+                     timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     table = rows(result.stdout)
     for check in ("memory", "pipelines", "layout/precision", "lars float16", "allreduce", "train steps", "eval"):
@@ -53,7 +54,7 @@ def test_every_check_passes_on_the_cpu(fashion):
 @pytest.mark.slow
 def test_a_failing_check_names_itself_and_sets_the_exit_code(fashion):
     """10-class data under a 2-class config: the pipelines' label check fails in its row, without a traceback."""
-    result = sourced("CPU", f"python -m rn50_mx.selftest {fashion} --num-classes 2 --steps 1", timeout=600)
+    result = sourced("CPU", f"python -m rn50_mx.selftest {fashion} --num-classes 2 --steps 1", ONE_THREAD, timeout=600)
     assert result.returncode == 1 and "Traceback" not in result.stdout + result.stderr
     status, detail = rows(result.stdout)["pipelines"]
     assert status == "FAIL" and "not a class number in [0, 2)" in detail

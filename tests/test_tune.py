@@ -7,13 +7,13 @@ import shutil
 import mxnet as mx
 import pytest
 
-from tests.support.procs import ROOT, bash, sourced
+from tests.support.procs import ONE_THREAD, ROOT, bash, sourced
 from rn50_mx import config
 from rn50_mx.tune import output, search, space, workers
 
 # The demo's step, small: the test's .rec has 3 classes of 7 images, decoded at the demo's 32x32 (the settings'
 # default, ImageNet's 224x224, made each candidate's window of a few steps cost seconds of CPU).
-SMALL = {"BATCHSIZE": "4", "NUM_CLASSES": "3", "SEED": "1", "IMAGE_SHAPE": "3,32,32"}
+SMALL = {"BATCHSIZE": "4", "NUM_CLASSES": "3", "SEED": "1", "IMAGE_SHAPE": "3,32,32", **ONE_THREAD}
 
 
 def small_settings(prefix, **environ):

@@ -18,13 +18,19 @@ ENV_PATH = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
 # Every process a test starts imports this checkout's rn50_mx and tests/, whichever checkout the venv's editable
 # install points at: `tests` is not installed, and a script run by path has only its own folder on sys.path.
 PYTHONPATH = {"PYTHONPATH": os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])}
-# make test runs two workers on two cores, so a process of two OpenMP threads (config/CPU.sh's OMP_NUM_THREADS is
-# $(nproc)) always shares its cores with the other worker's, and libgomp's idle threads spin (up to 300,000 turns)
+# make test runs three workers on two cores, so a process of two OpenMP threads (config/CPU.sh's OMP_NUM_THREADS is
+# $(nproc)) always shares its cores with the other workers', and libgomp's idle threads spin (up to 300,000 turns)
 # before they sleep, on CPU that worker needs. PASSIVE (OpenMP's own variable) puts them to sleep at once; the same
 # threads do the same work, so results do not change (the demo: top-1 0.7734 at epoch 4 either way). tests/conftest.py
 # puts it in the tests' own environment, which clean_environ() and the tests' launches inherit; the helpers below that
 # start from an empty one add it. Measured on config/CPU.sh's steps beside one busy process: 18.8 -> 11.9 s CPU.
 SHARED_CORES = {"OMP_WAIT_POLICY": "PASSIVE"}
+# One OpenMP thread for a test's process that computes after `source config/CPU.sh` (whose OMP_NUM_THREADS is $(nproc)):
+# make test's three workers keep both cores busy, and a process of two threads then waits on the one descheduled at
+# every parallel region, PASSIVE or not. The self-test's CPU check at batch 32 beside two busy processes: 64.7
+# CPU-seconds with two threads against 10.7 with one (two runs each, the same rows passing); alone, 11.9. The same
+# code runs: the thread count chooses no path.
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
 def gloo_ranks(n):
