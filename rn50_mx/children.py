@@ -24,21 +24,41 @@ def start(command, **kwargs):
 
 # What horovodrun's own script runs (horovod 0.28.1, the `horovodrun` that pip writes), after `import rn50_mx`.
 HOROVODRUN = ("import sys, rn50_mx\n"
-              "from horovod.runner.launch import run_commandline\n"
+              "from horovod.runner import launch\n"
+              "from rn50_mx.children import answer_build_questions\n"
+              "answer_build_questions(launch)\n"
               "sys.argv[0] = 'horovodrun'\n"
-              "sys.exit(run_commandline())\n")
+              "sys.exit(launch.run_commandline())\n")
+
+
+def answer_build_questions(launch):
+    """Before it starts the ranks, horovodrun asks whether Horovod was built with Gloo or MPI (gloo_built, mpi_built:
+    horovod/runner/launch.py:741-780) in a fork per framework, each importing horovod.tensorflow, horovod.torch, then
+    horovod.mxnet and so MXNet's Python (horovod/common/util.py:64-104, 136-155): half a CPU-second a launch. The
+    answer is the MXNet extension's own, its library's horovod_gloo_built and horovod_mpi_built read through
+    Horovod's HorovodBasics as horovod.mxnet reads them (horovod/mxnet/mpi_ops.py:34, common/basics.py:307-332),
+    the library loaded here without MXNet's Python: a 2-rank launch 0.35 CPU-seconds against 0.87. Where it does not
+    load (no MXNet extension, or one that does not link), horovodrun asks as it does."""
+    try:
+        from horovod.common.basics import HorovodBasics
+
+        folder = os.path.dirname(importlib.util.find_spec("horovod.mxnet").origin)
+        library = HorovodBasics(os.path.join(folder, "mpi_ops.py"), "mpi_lib")
+    except (AttributeError, ImportError, OSError, TypeError):
+        return
+    launch.gloo_built = lambda verbose=False: library.gloo_built()
+    launch.mpi_built = lambda verbose=False: library.mpi_built()
 
 
 def horovodrun(ranks, *options):
     """The command that starts `ranks` processes on this machine under Horovod's launcher, horovodrun, with its
     `options` (--gloo, ...), run by this Python: its script's own lines (horovod.runner.launch.run_commandline),
-    after `import rn50_mx`. Before it starts the ranks, horovodrun checks
-    how Horovod was built in a fork that imports horovod.mxnet, so MXNet (horovod/common/util.py:64-104,
-    _check_extension_lambda); the fork inherits the package's import hooks (rn50_mx/__init__.py), and each rank's
-    middleman, a fresh Python (multiprocessing's spawn, horovod/runner/common/util/safe_shell_exec.py:206), has no
-    script to run again. A 2-rank launch took 0.87 CPU-seconds against the script's 1.97. The ranks import this
-    Python's Horovod too, wherever its scripts went (a venv's bin, /usr/local/bin, ~/.local/bin). None when this
-    Python has no Horovod."""
+    after `import rn50_mx`, its questions on how Horovod was built answered without MXNet (answer_build_questions),
+    and each rank's middleman, a fresh Python (multiprocessing's spawn,
+    horovod/runner/common/util/safe_shell_exec.py:206), has no script to run again. A 2-rank launch took 0.87
+    CPU-seconds against the script's 1.97, before answer_build_questions. The ranks import this Python's Horovod
+    too, wherever its scripts went (a venv's bin, /usr/local/bin, ~/.local/bin). None when this Python has no
+    Horovod."""
     if importlib.util.find_spec("horovod") is None:
         return None
     return [sys.executable, "-c", HOROVODRUN, *options, "-np", str(ranks), "-H", f"localhost:{ranks}"]

@@ -20,7 +20,7 @@ import pytest
 
 from tests.support.mllog import CHECKER_ON_A_SHORT_RUN
 from tests.support.procs import PYTHONPATH, gloo_ranks
-from rn50_mx import data, dist, model, optim, timing, train
+from rn50_mx import children, data, dist, model, optim, timing, train
 from rn50_mx.config import Settings
 from rn50_mx.errors import InputError, run_cli
 
@@ -239,6 +239,36 @@ def test_one_process_without_a_launcher():
     with pytest.raises(InputError, match="local rank 0 needs GPU 0, but 0 are visible"):
         dist.init(Settings(kv_store="horovod", device="gpu"))
 
+
+
+def test_horovodrun_s_build_questions_get_horovod_s_answers_without_a_fork():
+    """children.answer_build_questions: horovodrun asked whether Horovod was built with Gloo and with MPI in 3 forks a
+    launch, the last importing MXNet (half a CPU-second); its answers now come from the MXNet extension's library
+    loaded without MXNet's Python. They are Horovod's own checks' answers, on the MPI path (no --gloo: mpirun) as on
+    Gloo's, and a launch forks no check (os.fork's audit events in horovodrun's process: 3 before). Without an MXNet
+    extension, horovodrun's own checks answer."""
+    own = ("from horovod.common import util\nfrom horovod.runner import launch\nfrom rn50_mx import children\n"
+           "children.answer_build_questions(launch)\n"
+           "print(launch.gloo_built is util.gloo_built, launch.gloo_built(), util.gloo_built(), launch.mpi_built(),"
+           " util.mpi_built())\n")
+    answers = subprocess.run([sys.executable, "-c", own], capture_output=True, text=True, timeout=120)
+    assert answers.stdout.split() == ["False", "True", "True", "True", "True"], answers.stdout + answers.stderr
+    # no MXNet extension (made unimportable, as Python documents it): horovodrun asks as it did
+    unbuilt = subprocess.run([sys.executable, "-c", "import sys\nsys.modules['horovod.mxnet'] = None\n" + own],
+                             capture_output=True, text=True, timeout=120)
+    assert unbuilt.stdout.split() == ["True", "None", "None", "None", "None"], unbuilt.stdout + unbuilt.stderr
+    counted = ("import atexit, sys\nforks = []\n"  # printed at exit, or before the exec into mpirun (the MPI path)
+               "def count(event, args):\n"
+               "    forks.extend(['fork'] if event == 'os.fork' else [])\n"
+               "    if event == 'os.exec':\n"
+               "        print('forks', len(forks), flush=True)\n"
+               "sys.addaudithook(count)\natexit.register(lambda: print('forks', len(forks)))\n")
+    for options in (["--gloo"], []):
+        launch = children.horovodrun(2, *options)
+        ran = subprocess.run([launch[0], "-c", counted + launch[2], *launch[3:], "echo", "a rank ran"],
+                             capture_output=True, text=True, timeout=300, env={**os.environ, **PYTHONPATH})
+        assert ran.returncode == 0 and ran.stdout.count("a rank ran") == 2, ran.stdout + ran.stderr
+        assert [line for line in ran.stdout.splitlines() if line.startswith("forks")] == ["forks 0"], ran.stdout
 
 
 def test_only_rank_0_of_a_fresh_run_draws_the_initial_weights():

@@ -658,7 +658,7 @@ def test_a_trial_still_running_at_hours_is_stopped_and_queued_again(tiny_data, t
     """A hung trial (a stuck collective; here one far from its end) kept the driver waiting past --hours forever."""
     env = environ(tiny_data, NUMEPOCHS="200", ACCURACY_THRESHOLD="1.0", LR="0.0001")  # learns nothing in 200
     result = search(tmp_path, env, "--knob", "EVAL_OFFSET=0:1", "--trials", "1", "--finalists", "0", "--hours",
-                    "0.004", timeout=180)
+                    "0.0015", timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "search: trial 0 was still running at --hours: stopped, queued again" in result.stdout
     states = sorted(t.state.name for t in study_trials(tmp_path))
