@@ -246,17 +246,17 @@ def test_horovodrun_s_build_questions_get_horovod_s_answers_without_a_fork():
     launch, the last importing MXNet (half a CPU-second); its answers now come from the MXNet extension's library
     loaded without MXNet's Python. They are Horovod's own checks' answers, on the MPI path (no --gloo: mpirun) as on
     Gloo's, and a launch forks no check (os.fork's audit events in horovodrun's process: 3 before). Without an MXNet
-    extension, horovodrun's own checks answer."""
-    own = ("from horovod.common import util\nfrom horovod.runner import launch\nfrom rn50_mx import children\n"
-           "children.answer_build_questions(launch)\n"
-           "print(launch.gloo_built is util.gloo_built, launch.gloo_built(), util.gloo_built(), launch.mpi_built(),"
-           " util.mpi_built())\n")
-    answers = subprocess.run([sys.executable, "-c", own], capture_output=True, text=True, timeout=120)
-    assert answers.stdout.split() == ["False", "True", "True", "True", "True"], answers.stdout + answers.stderr
-    # no MXNet extension (made unimportable, as Python documents it): horovodrun asks as it did
-    unbuilt = subprocess.run([sys.executable, "-c", "import sys\nsys.modules['horovod.mxnet'] = None\n" + own],
-                             capture_output=True, text=True, timeout=120)
-    assert unbuilt.stdout.split() == ["True", "None", "None", "None", "None"], unbuilt.stdout + unbuilt.stderr
+    extension (made unimportable, as Python documents it), horovodrun's own checks answer (None: no extension)."""
+    # Horovod's own checks in a process of their own: their forks import MXNet, whose library must not be loaded
+    # twice (the extension's RUNPATH may name another venv's copy: "_Integer is already registered")
+    theirs = "from horovod.common import util\nprint(util.gloo_built(), util.mpi_built())\n"
+    ours = ("from horovod.common import util\nfrom horovod.runner import launch\n"
+            "from rn50_mx.children import answer_build_questions\nanswer_build_questions(launch)\n"
+            "print(launch.gloo_built is util.gloo_built, launch.gloo_built(), launch.mpi_built())\n")
+    told = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+            for code in (theirs, ours, "import sys\nsys.modules['horovod.mxnet'] = None\n" + ours)]
+    assert [t.stdout.split() for t in told] == [["True", "True"], ["False", "True", "True"],
+                                                ["True", "None", "None"]], [t.stdout + t.stderr for t in told]
     counted = ("import atexit, sys\nforks = []\n"  # printed at exit, or before the exec into mpirun (the MPI path)
                "def count(event, args):\n"
                "    forks.extend(['fork'] if event == 'os.fork' else [])\n"
