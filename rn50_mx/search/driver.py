@@ -178,23 +178,27 @@ class Driver:
         run = slot.current
         if slot.pruned and (run.started is None or run.done()):
             return self.end(slot, optuna.trial.TrialState.PRUNED)
+        # whether the run has ended, asked before its log is read: a run that ends between the two (its `stalled`,
+        # `diverged` or last eval written meanwhile) is taken as running, and its whole log is read at the next poll.
+        # Asked after, a stalled run's trial was told COMPLETE from the log as it was before the stall.
+        done = run.done()
         state = run.read()
         for epoch, top1 in (state.evals if state else []):
             if (len(slot.runs), epoch) not in slot.reported:
                 slot.reported.add((len(slot.runs), epoch))
                 if len(slot.runs) == 1 and top1 is not None:
                     slot.trial.report(top1, epoch)
-        if state and (state.diverged or state.stalled) and not run.done():
+        if state and (state.diverged or state.stalled) and not done:
             return False  # training stops itself on a diverged loss or a stall: its run_stop and its exit come next
         if state and state.stalled:  # a rank made no progress: a failure of the run, no finding about the values
             slot.pruned = state.stalled
             return self.end(slot, optuna.trial.TrialState.FAIL)
-        why = trials.verdict(state, slot.s, self.curves(), self.args.prune_share, running=not run.done())
+        why = trials.verdict(state, slot.s, self.curves(), self.args.prune_share, running=not done)
         if why:
             run.stop(why)  # a run that stopped itself has ended: nothing left to end
             slot.pruned = why
             return self.end(slot, optuna.trial.TrialState.PRUNED)
-        if not run.done():
+        if not done:
             return False
         if slot.seeds:
             self.next_seed(slot)
