@@ -511,3 +511,25 @@ def test_an_a100_and_an_h100_take_the_same_stand_in_decisions():
         'kernels = ((3, 3),) if GPU["sm"] == 70 and p["stride"] != (1, 1) else ((3, 3), (1, 1))',
         'and p["num_filter"] % 32 == 0 and x.dtype == np.float16 and GPU["sm"] in NORMCONV_SM)',
         'or GPU["sm"] not in NORMCONV_SM):', 'GPU["sm"] = sm'], reads
+
+
+def test_the_resume_check_compares_bits_so_a_nan_both_runs_reached_is_the_same(tmp_path):
+    """A shrunk run can overflow (at 32 px the open configs' BatchNorm running variances reached inf and their weight
+    EMA NaN, in the uninterrupted and the resumed run alike): np.array_equal called those runs different and the
+    stage failed on a resume that was exact. Bits decide: the same NaN is the same, 0.0 against -0.0 is not, and a
+    dtype or a value apart is named."""
+    import mxnet as mx
+    import numpy as np
+
+    def saved(name, **arrays):
+        mx.nd.save(str(tmp_path / f"{name}-0000.params"), {k: mx.nd.array(v, dtype=v.dtype) for k, v in arrays.items()})
+        return str(tmp_path / name)
+
+    var, w = np.array([np.nan, np.inf, 1.5], np.float32), np.array([0.0, 2.0], np.float32)
+    reference = saved("ref", **{"aux:bn_running_var": var, "arg:w": w})
+    assert stages.different_params(saved("same", **{"aux:bn_running_var": var.copy(), "arg:w": w}), reference) is None
+    for name, changed in (("signed", {"arg:w": np.array([-0.0, 2.0], np.float32)}),
+                          ("value", {"arg:w": np.array([0.0, 2.5], np.float32)}),
+                          ("dtype", {"arg:w": w.astype(np.float16)})):
+        assert stages.different_params(saved(name, **{"aux:bn_running_var": var, **changed}), reference) == "arg:w"
+    assert stages.different_params(saved("fewer", **{"arg:w": w}), reference) == "parameter list"

@@ -8,7 +8,6 @@ import signal
 import sys
 import time
 
-import numpy as np
 
 from .. import children, config
 from ..errors import InputError
@@ -204,14 +203,20 @@ def rank_pid(proc, rank):
 
 
 def different_params(prefix, reference):
-    """The first parameter of PREFIX-0000.params that is not bit-identical to REFERENCE's, or None. MXNet is
+    """The first parameter of PREFIX-0000.params that is not bit-identical to REFERENCE's, or None. Bits, not values:
+    a NaN that both runs reached is the same (np.array_equal calls it different), 0.0 and -0.0 are not. MXNet is
     imported here only: the rehearsal's own process needs it for nothing else (its import is 2 CPU-seconds)."""
     import mxnet as mx
 
     ours, theirs = mx.nd.load(prefix + "-0000.params"), mx.nd.load(reference + "-0000.params")
     if ours.keys() != theirs.keys():
         return "parameter list"
-    return next((k for k in sorted(ours) if not np.array_equal(ours[k].asnumpy(), theirs[k].asnumpy())), None)
+    return next((k for k in sorted(ours) if not same_bits(ours[k].asnumpy(), theirs[k].asnumpy())), None)
+
+
+def same_bits(a, b):
+    """Whether two arrays have one dtype, one shape and the same bytes."""
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
 def evaluate(plan, work, reference):
