@@ -9,7 +9,7 @@ export FMNIST_ARGS="--size 32 --train-per-class 1000 --val-per-class 0"
 export DEVICE=cpu
 # bfloat16 with float32 masters where /proc/cpuinfo lists avx512_bf16 or amx_bf16 (10 fresh seeds side by side on an
 # AMD EPYC, bench/bfloat16.py: 2.00 against 2.44 min, none missed); elsewhere, or under Horovod, float32, saying so in
-# one line. On an Intel Xeon with AMX, float32 trained 6-8% more images/s (docs/cpu-demo.md; minutes not yet measured).
+# one line. On an Intel Xeon with AMX (oneDNN 2.4.4 has no AMX kernels), neither was clearly faster: docs/cpu-demo.md.
 export DTYPE=bfloat16
 export RN50_BFLOAT16_FALLBACK=1
 export INPUT_LAYOUT=NCHW
