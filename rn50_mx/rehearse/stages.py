@@ -8,7 +8,6 @@ import signal
 import sys
 import time
 
-
 from .. import children, config
 from ..errors import InputError
 
