@@ -23,11 +23,11 @@ from tests.support.bfloat16 import HOROVOD_FALLBACK
 from tests.support.data import TINY_CLASSES
 from tests.support.mllog import CHECKER_ON_A_SHORT_RUN, mllog
 from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming
-from tests.support.settings import TINY
+from tests.support.settings import HOROVOD, TINY
 from tests.support.studies import planted_study
 
 IMAGES = len(TINY_CLASSES) * 7
-TWO_RANKS = {**TINY, "KVSTORE": "horovod", "DISP_BATCHES": "1", "NEXP": "1", "SEED": "3", "DATESTAMP": "job"}
+TWO_RANKS = {**TINY, **HOROVOD, "DISP_BATCHES": "1", "NEXP": "1", "SEED": "3", "DATESTAMP": "job"}
 
 
 @pytest.fixture(scope="session")
@@ -176,7 +176,7 @@ WORLD_ERROR = ("rn50_mx.train: error: rank {rank}: {met} rank(s) met ({local} on
      [WORLD_ERROR.format(rank=r, met=2, local=2, nodes=2, gpus=1, want=2) for r in (0, 1)]),
 ], ids=["cannot-meet", "ranks-per-node"])
 def test_a_world_other_than_the_configs_stops_every_rank_before_run_start(cluster, tiny_data, env, lines):
-    exports = "".join(f"export {name}={value!r}; " for name, value in {**TINY, "KVSTORE": "horovod", **env}.items())
+    exports = "".join(f"export {name}={value!r}; " for name, value in {**TINY, **HOROVOD, **env}.items())
     script = f"source config/CPU.sh; {exports}srun -n2 --mpi=pmix python -m rn50_mx.train " \
              f"--data-train {tiny_data}/train.rec --data-val {tiny_data}/val.rec"
     result = cluster.run(["bash", "-c", script], check=False, cwd=ROOT, env={"PATH": ENV_PATH, **PYTHONPATH},

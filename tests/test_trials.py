@@ -21,7 +21,7 @@ from tests.support.bfloat16 import HOROVOD_FALLBACK
 from tests.support.mllog import mllog
 from tests.support.procs import (ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, descendants, files_in, launcher,
                                  mounted, run, sigterm_to, sourced)
-from tests.support.settings import TINY, TINY_KEEP_CACHES
+from tests.support.settings import HOROVOD, TINY, TINY_KEEP_CACHES
 
 
 # What the fakes answer: the image's ID to `docker image inspect`, and a trial's run_stop success line.
@@ -193,7 +193,7 @@ def test_make_demos_config_trains_in_float32_on_a_cpu_without_bfloat16_saying_so
 
 @pytest.mark.slow
 def test_two_ranks_start_through_horovodrun_and_log_parseable_lines(tiny_data, tmp_path):
-    env = {**TINY, "DGXNGPU": "2", "KVSTORE": "horovod", "DATADIR": tiny_data, "CLEAR_CACHES": "0"}
+    env = {**TINY, "DGXNGPU": "2", **HOROVOD, "DATADIR": tiny_data, "CLEAR_CACHES": "0"}
     result = sourced("CPU", "./run_and_time.sh", env, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     log = tmp_path / "run.log"
@@ -211,7 +211,7 @@ def test_two_ranks_start_through_horovodrun_and_log_parseable_lines(tiny_data, t
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_sigterm_on_run_and_time_stops_every_rank(tiny_data, tmp_path, ranks):
     """A `kill` of the launcher script reaches training (through horovodrun with 2 ranks): nothing is left."""
-    env = {**TINY, "NUMEPOCHS": "200", "ACCURACY_THRESHOLD": "1.0", "DGXNGPU": str(ranks), "KVSTORE": "horovod", "DATADIR": tiny_data}
+    env = {**TINY, "NUMEPOCHS": "200", "ACCURACY_THRESHOLD": "1.0", "DGXNGPU": str(ranks), **HOROVOD, "DATADIR": tiny_data}
     exports = "".join(f"export {name}={value!r}; " for name, value in env.items())
     out = tmp_path / "out.txt"
     with open(out, "w") as sink:
@@ -511,7 +511,7 @@ def test_the_resume_state_is_read_as_data_never_run(shared, tmp_path, state, say
 def test_run_stop_success_is_success_when_a_rank_hangs_at_exit(shared, tmp_path):
     """Two ranks under horovodrun (MPI, as Horovod is built here and in the image); rank 1 hangs after run_stop and
     its alarm ends it: horovodrun exits non-zero, the trial succeeded."""
-    env = {**TINY_KEEP_CACHES, "DGXNGPU": "2", "KVSTORE": "horovod", "DATADIR": shared["data"], "RN50_EXIT_TIMEOUT": "2"}
+    env = {**TINY_KEEP_CACHES, "DGXNGPU": "2", **HOROVOD, "DATADIR": shared["data"], "RN50_EXIT_TIMEOUT": "2"}
     command, _ = launcher("./run_and_time.sh", env)
     result = run(command, site(tmp_path, HANGS_AT_EXIT), timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
