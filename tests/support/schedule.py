@@ -79,6 +79,18 @@ class Units(LoadScopeScheduling):
                         self.units.update(json.load(f))
         return self.units.get(nodeid) or nodeid.split("::")[0]
 
+    def _assign_work_unit(self, node):
+        """xdist's (the unit at the head of the queue, the costliest left, to `node`), but the cheapest unit to a
+        worker whose only test so far is one still running: xdist's worker starts a test only once it holds the next
+        one (its fixtures' teardown needs it), so xdist hands a worker given a one-test unit a second unit at once,
+        and the demo's worker took the next costliest as that next test. Those two were the session's longest path:
+        test_demo 609 s then test_rehearse 425 s on one worker at d48caa2, the other two done 33 and 41 s before it
+        (668 + 417 s at 5eae4d9, the others 39 and 49 s before)."""
+        held = self.assigned_work.get(node, {})
+        if self.workqueue and sum(map(len, held.values())) == 1 and self._pending_of(held) == 1:
+            self.workqueue.move_to_end(next(reversed(self.workqueue)), last=False)
+        super()._assign_work_unit(node)
+
 
 class Distribution:
     """The plugin (tests/conftest.py registers it where xdist is installed): the controller makes the folder of
