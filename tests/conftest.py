@@ -20,12 +20,13 @@ from rn50_mx import prep_rec  # noqa: E402  (MXNet loads here, after the line ab
 from tests.support import schedule  # noqa: E402
 from tests.support.costs import Profile  # noqa: E402
 from tests.support.data import packed_train_val, write_jpeg_tree  # noqa: E402
-from tests.support.procs import ROOT, run_train  # noqa: E402
+from tests.support.procs import ROOT, Reaper, run_train  # noqa: E402
 from tests.support.settings import STOPPED_RUN  # noqa: E402
 
 
 def pytest_configure(config):
     config.pluginmanager.register(Profile(config), "rn50-cost-profile")
+    config.pluginmanager.register(Reaper(), "rn50-reaper")  # what a test's call left running: tests/support/procs.py
     if config.pluginmanager.hasplugin("xdist"):  # make test's distribution: tests/support/schedule.py
         config.pluginmanager.register(schedule.Distribution(config), "rn50-distribution")
 

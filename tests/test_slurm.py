@@ -3,7 +3,6 @@ squeue and scontrol): 2 ranks meet through MPI over PMIx (`srun --mpi=pmix`, Hor
 image) on one node and across two nodes (network namespaces); tasks that cannot meet stop on the world-size check;
 scancel stops every rank. The tiny dataset of conftest's tiny_data, a few seconds of training per job.
 """
-import contextlib
 import json
 import math
 import os
@@ -219,8 +218,7 @@ def test_a_search_runs_its_trials_as_jobs_and_cancels_them_when_stopped(cluster,
     while "epoch 1:" not in (trial_log.read_text() if trial_log.exists() else ""):
         assert driver.poll() is None and time.time() < deadline, out.read_text() + cluster.logs()
         time.sleep(1)
-    [job_id] = {p.environ().get("SLURM_JOB_ID") for p in cluster.job_processes() if "rn50_mx.train" in
-                " ".join(p.cmdline())}
+    [job_id] = {job for _, job in cluster.trainings()}
     driver.send_signal(signal.SIGTERM)
     assert driver.wait(timeout=180) == 143, out.read_text()
     assert cluster.job(job_id)["JobState"] == "CANCELLED"
@@ -246,14 +244,8 @@ def test_a_search_job_is_held_until_its_record_is_kept_and_the_next_driver_cance
 
 
 def ranks_of(cluster, job_id):
-    """The training processes of a job (other trainings may run on this machine); a process that ended since it was
-    listed is none of them (reading its command line raised NoSuchProcess: a suite run failed on it)."""
-    ranks = []
-    for p in cluster.job_processes():
-        with contextlib.suppress(psutil.Error):
-            if "rn50_mx.train" in " ".join(p.cmdline()) and p.environ().get("SLURM_JOB_ID") == str(job_id):
-                ranks.append(p)
-    return ranks
+    """The training processes of a job (other trainings may run on this machine)."""
+    return [proc for proc, job in cluster.trainings() if job == str(job_id)]
 
 def bridge_bytes():
     """Bytes received plus sent by the nodes' veth ends on the host: what crossed between the namespaces."""

@@ -177,3 +177,51 @@ def descendants(pid):
             with contextlib.suppress(psutil.Error):
                 found[proc] = proc.cmdline()
     return found
+
+
+class Reaper:
+    """A pytest plugin (tests/conftest.py registers it): what a test's call started and left running is ended when the
+    call ends, however it ended. A test that starts a command in a session of its own (start_new_session, so that a
+    signal reaches its whole group) and fails before it ends it would otherwise leave it to the rest of the suite:
+    in a make test of 7e5f770, test_slurm's search driver, left by an assertion, kept its 200-epoch Slurm job
+    training for the other 19 minutes (600 CPU-seconds outside the tests' figures), and the next test timed out
+    waiting for it. Each child this process started during the call and left running gets SIGTERM (its whole group
+    when it leads one: a search driver cancels its jobs on it), then it and everything under it SIGKILL after
+    grace_s. Children that were running before the call (the daemons of session fixtures, started in setup) and
+    whatever they start are left alone."""
+
+    def __init__(self, grace_s=15):
+        self.grace_s = grace_s
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_call(self, item):
+        before = {p.pid for p in self.children()}
+        yield
+        self.end([p for p in self.children() if p.pid not in before])
+
+    @staticmethod
+    def children():
+        return [p for p in psutil.Process().children() if Reaper.running(p)]
+
+    @staticmethod
+    def running(proc):
+        with contextlib.suppress(psutil.Error):
+            return proc.status() != psutil.STATUS_ZOMBIE
+        return False
+
+    def end(self, roots):
+        """SIGTERM to each of `roots` (a leader's whole group), SIGKILL to what is left of them and of their trees
+        after grace_s."""
+        tree = list(roots)
+        for root in roots:
+            with contextlib.suppress(psutil.Error):
+                tree += root.children(recursive=True)
+            with contextlib.suppress(psutil.Error, OSError):
+                if os.getsid(root.pid) == root.pid:
+                    os.killpg(root.pid, signal.SIGTERM)
+                else:
+                    root.terminate()
+        _, alive = psutil.wait_procs(tree, timeout=self.grace_s)
+        for proc in alive:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()

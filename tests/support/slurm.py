@@ -222,6 +222,17 @@ SlurmdTimeout=30
                     found.append(proc)
         return found
 
+    def trainings(self):
+        """[(process, its SLURM_JOB_ID)] of the trainings this cluster's jobs run now. A process that ends while it is
+        read is none of them: reading its command line raised NoSuchProcess, and a suite run failed on it twice
+        (ranks_of's comprehension, then test_a_search_runs_its_trials_as_jobs_and_cancels_them_when_stopped's)."""
+        found = []
+        for proc in self.job_processes():
+            with contextlib.suppress(psutil.Error):
+                if "rn50_mx.train" in " ".join(proc.cmdline()):
+                    found.append((proc, proc.environ().get("SLURM_JOB_ID")))
+        return found
+
     def daemon_pids(self):
         return {proc.pid for _, proc in self.daemons}
 
