@@ -79,6 +79,7 @@ def test_passes_with_a_child_that_ignores_sigterm_left(daemon):
     child = subprocess.Popen([sys.executable, '-c', 'import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); '
                               'open(sys.argv[1], "w").close(); time.sleep(600)', os.path.join(os.environ['RAN'], 'ready')])
     record('stubborn', child.pid)
+    record('helper', os.spawnv(os.P_NOWAIT, '/bin/sleep', ['sleep', '600']))  # not through subprocess: a library's own
     while not os.path.exists(os.path.join(os.environ['RAN'], 'ready')):
         assert child.poll() is None
 """
@@ -87,8 +88,9 @@ def test_passes_with_a_child_that_ignores_sigterm_left(daemon):
 def test_what_a_test_s_call_left_running_ends_with_it_and_a_session_fixture_s_daemon_outlives_it(tmp_path):
     """A test that fails midway leaves a process group (bash and its sleep, in a session of their own: what test_slurm's
     search driver was); one that passes leaves a child that ignores SIGTERM. Both are ended when their call ends,
-    the stubborn one by SIGKILL after the grace; the session fixture's process, started in setup, runs on into the
-    second test and to its own teardown."""
+    the stubborn one by SIGKILL after the grace. The session fixture's process, started in setup, runs on into the
+    second test and to its own teardown, and a process the call started other than through subprocess (as Open MPI
+    starts its singleton daemon for the process itself) is left running."""
     suite, ran = tmp_path / "suite", tmp_path / "ran"
     suite.mkdir()
     ran.mkdir()
@@ -104,6 +106,11 @@ def test_what_a_test_s_call_left_running_ends_with_it_and_a_session_fixture_s_da
     while any(alive(pid) for pid in pids.values()) and time.time() < deadline:
         time.sleep(0.2)
     assert not [name for name, pid in pids.items() if alive(pid)], pids
+    helper = psutil.Process(int((ran / "helper").read_text()))
+    try:
+        assert helper.status() != psutil.STATUS_ZOMBIE
+    finally:
+        helper.kill()
 
 
 def alive(pid):

@@ -1,5 +1,6 @@
 """Running our commands and scripts as a user would: a clean environment, the test run's python first on PATH."""
 import contextlib
+import functools
 import os
 import re
 import signal
@@ -185,42 +186,47 @@ class Reaper:
     signal reaches its whole group) and fails before it ends it would otherwise leave it to the rest of the suite:
     in a make test of 7e5f770, test_slurm's search driver, left by an assertion, kept its 200-epoch Slurm job
     training for the other 19 minutes (600 CPU-seconds outside the tests' figures), and the next test timed out
-    waiting for it. Each child this process started during the call and left running gets SIGTERM (its whole group
-    when it leads one: a search driver cancels its jobs on it), then it and everything under it SIGKILL after
-    grace_s. Children that were running before the call (the daemons of session fixtures, started in setup) and
-    whatever they start are left alone."""
+    waiting for it. Each process the call started through subprocess (Popen, which run() uses) and left running gets
+    SIGTERM (its whole group when it leads one: a search driver cancels its jobs on it), then it and everything under
+    it SIGKILL after grace_s. Only those: what a library starts for this process itself stays (Open MPI's singleton
+    daemon, `orted --hnp`, which Horovod's MPI path started in a worker: ending it aborted the worker), and so do the
+    daemons of session fixtures, started in setup."""
 
     def __init__(self, grace_s=15):
         self.grace_s = grace_s
+        self.started = None  # the Popen objects of the running call
+        popen_init = subprocess.Popen.__init__
+
+        @functools.wraps(popen_init)
+        def counted(popen, *args, **kwargs):
+            popen_init(popen, *args, **kwargs)
+            if self.started is not None:
+                self.started.append(popen)
+        subprocess.Popen.__init__ = counted
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_call(self, item):
-        before = {p.pid for p in self.children()}
-        yield
-        self.end([p for p in self.children() if p.pid not in before])
+        self.started = []
+        try:
+            yield
+        finally:
+            left = [popen.pid for popen in self.started if popen.poll() is None]
+            self.started = None
+            self.end(left)
 
-    @staticmethod
-    def children():
-        return [p for p in psutil.Process().children() if Reaper.running(p)]
-
-    @staticmethod
-    def running(proc):
-        with contextlib.suppress(psutil.Error):
-            return proc.status() != psutil.STATUS_ZOMBIE
-        return False
-
-    def end(self, roots):
-        """SIGTERM to each of `roots` (a leader's whole group), SIGKILL to what is left of them and of their trees
+    def end(self, pids):
+        """SIGTERM to each of `pids` (a leader's whole group), SIGKILL to what is left of them and of their trees
         after grace_s."""
-        tree = list(roots)
-        for root in roots:
+        tree = []
+        for pid in pids:
             with contextlib.suppress(psutil.Error):
-                tree += root.children(recursive=True)
-            with contextlib.suppress(psutil.Error, OSError):
-                if os.getsid(root.pid) == root.pid:
-                    os.killpg(root.pid, signal.SIGTERM)
+                root = psutil.Process(pid)
+                tree += [root, *root.children(recursive=True)]
+            with contextlib.suppress(OSError):
+                if os.getsid(pid) == pid:
+                    os.killpg(pid, signal.SIGTERM)
                 else:
-                    root.terminate()
+                    os.kill(pid, signal.SIGTERM)
         _, alive = psutil.wait_procs(tree, timeout=self.grace_s)
         for proc in alive:
             with contextlib.suppress(psutil.Error):
