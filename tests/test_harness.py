@@ -25,21 +25,28 @@ UNITS = {
 }
 
 
+def run_suite(tmp_path, conftest, files, *options, timeout=120):
+    """(pytest's result, the folder its tests write to, as $RAN) of a suite of its own: `conftest` and {name: source}
+    in tmp_path/suite, run by this python's pytest with `options`."""
+    suite, ran = tmp_path / "suite", tmp_path / "ran"
+    suite.mkdir()
+    ran.mkdir()
+    (suite / "conftest.py").write_text(conftest)
+    for name, source in files.items():
+        (suite / name).write_text(source)
+    result = run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider", "-c", os.devnull,
+                  "--rootdir", str(suite), *options, str(suite)], env={"RAN": str(ran)}, timeout=timeout)
+    return result, ran
+
+
 def test_a_worker_running_a_one_test_unit_is_handed_the_cheapest_unit_as_its_next(tmp_path):
     """xdist's worker starts a test only once it holds the next one, so a worker handed a one-test unit (the demo) gets
     a second unit at once: the cheapest left (test_d_small), not the next costliest (test_c_mid), which the other
     worker takes when its unit runs short. The old scheduler gave test_c_mid to the lone test's worker, behind it
     (test_demo then test_rehearse: the session's longest path). Unknown to tests/unit_costs.json, the units go out in
     their collection order, the costliest first as far as this suite is concerned."""
-    suite, ran = tmp_path / "suite", tmp_path / "ran"
-    suite.mkdir()
-    ran.mkdir()
-    (suite / "conftest.py").write_text(CONFTEST)
-    for name, body in UNITS.items():
-        (suite / name).write_text(RECORD + "\n\n" + body)
-    result = run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider", "-c", os.devnull,
-                  "--rootdir", str(suite), "-n", "2", "--dist", "loadgroup", str(suite)], env={"RAN": str(ran)},
-                 timeout=180)
+    result, ran = run_suite(tmp_path, CONFTEST, {name: RECORD + "\n\n" + body for name, body in UNITS.items()},
+                            "-n", "2", "--dist", "loadgroup", timeout=180)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     worker = {name: (ran / name).read_text() for name in os.listdir(ran)}
     assert len(worker) == 8 and len(set(worker.values())) == 2, worker
@@ -91,14 +98,8 @@ def test_what_a_test_s_call_left_running_ends_with_it_and_a_session_fixture_s_da
     the stubborn one by SIGKILL after the grace. The session fixture's process, started in setup, runs on into the
     second test and to its own teardown, and a process the call started other than through subprocess (as Open MPI
     starts its singleton daemon for the process itself) is left running."""
-    suite, ran = tmp_path / "suite", tmp_path / "ran"
-    suite.mkdir()
-    ran.mkdir()
-    (suite / "conftest.py").write_text("from tests.support.procs import Reaper\n\n\ndef pytest_configure(config):\n"
-                                       "    config.pluginmanager.register(Reaper(grace_s=2), 'rn50-reaper')\n")
-    (suite / "test_left.py").write_text(LEFT)
-    result = run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider", "-c", os.devnull,
-                  "--rootdir", str(suite), str(suite)], env={"RAN": str(ran)}, timeout=120)
+    result, ran = run_suite(tmp_path, "from tests.support.procs import Reaper\n\n\ndef pytest_configure(config):\n"
+                            "    config.pluginmanager.register(Reaper(grace_s=2), 'rn50-reaper')\n", {"test_left.py": LEFT})
     assert "1 failed, 1 passed" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]
     pids = {name: int((ran / name).read_text()) for name in ("daemon", "group", "grandchild", "stubborn")}
     assert (ran / "daemon_alive").read_text() == "1"
