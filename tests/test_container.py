@@ -23,7 +23,7 @@ import pytest
 
 from tests.support import engine as engine_support
 from tests.support.mllog import mllog
-from tests.support.procs import ROOT, descendants, files_in
+from tests.support.procs import ROOT, assert_all_end, descendants, files_in
 from tests.support.settings import TINY, TINY_KEEP_CACHES
 
 NOBODY = 65534
@@ -298,10 +298,7 @@ def test_a_stopped_image_build_leaves_no_process_and_no_partial_base(tmp_path, s
         time.sleep(1)  # well under way: apt at work in the new root
         tree = list(descendants(make.pid))
         make.send_signal(getattr(signal, f"SIG{sig}"))
-        tic = time.time()
-        _, alive = psutil.wait_procs(tree, timeout=10)
-        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], [p.cmdline() for p in alive]
-        assert time.time() - tic < 10
+        assert_all_end(tree, timeout=10)
         assert make.wait(timeout=10) != 0
         # no partial base, no work folder (mmdebstrap's TMPDIR: the new root file system)
         assert sorted(path.name for path in cache.iterdir()) == ["cpu-base.lock", os.path.basename(wheel)]

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from tests.support.mllog import CHECKER_ON_A_SHORT_RUN
-from tests.support.procs import PYTHONPATH, gloo_ranks
+from tests.support.procs import PYTHONPATH, assert_all_end, gloo_ranks
 from rn50_mx import children, data, dist, model, optim, timing, train
 from rn50_mx.config import Settings
 from rn50_mx.errors import InputError, run_cli
@@ -381,13 +381,6 @@ def start_long_run(small_rec, tmp_path, **popen):
     return proc, ranks, procs, out_file
 
 
-def assert_all_gone(procs):
-    """Every process the launcher had started has ended (a zombie has ended; only its entry is left)."""
-    _, alive = psutil.wait_procs(procs, timeout=10)
-    alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert not alive, [p.cmdline() for p in alive]
-
-
 @pytest.mark.slow
 def test_a_killed_rank_ends_the_job_naming_it(small_rec, tmp_path):
     proc, ranks, procs, out_file = start_long_run(small_rec, tmp_path)
@@ -398,7 +391,7 @@ def test_a_killed_rank_ends_the_job_naming_it(small_rec, tmp_path):
         text = open(out_file).read()
         assert proc.returncode != 0 and time.time() - killed < 60
         assert "Process 1 exit with status code 137" in text, tails(text)  # and rank 0 was stopped:
-        assert_all_gone(procs)
+        assert_all_end(procs, timeout=10)
     finally:
         stop_tree(proc, procs)
 
@@ -413,7 +406,7 @@ def test_stopping_the_launcher_stops_every_rank(small_rec, tmp_path, how):
         os.killpg(proc.pid, signal.SIGINT)
     try:
         proc.wait(timeout=30)  # the whole run takes over a minute here
-        assert_all_gone(procs)
+        assert_all_end(procs, timeout=10)
         # The run did not complete, and the log says so to run_and_time.sh, which reads a trial's outcome from it:
         # horovodrun's own status is not reliable here (horovod 0.28.1 safe_shell_exec: the thread that stops a
         # rank can reap its shell with psutil's wait before subprocess's wait does, which then reports 0).

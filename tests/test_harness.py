@@ -7,7 +7,7 @@ import time
 
 import psutil
 
-from tests.support.procs import run
+from tests.support.procs import run, running
 
 CONFTEST = ("from tests.support import schedule\n\n\ndef pytest_configure(config):\n"
             "    config.pluginmanager.register(schedule.Distribution(config), 'rn50-distribution')\n")
@@ -109,13 +109,13 @@ def test_what_a_test_s_call_left_running_ends_with_it_and_a_session_fixture_s_da
     assert not [name for name, pid in pids.items() if alive(pid)], pids
     helper = psutil.Process(int((ran / "helper").read_text()))
     try:
-        assert helper.status() != psutil.STATUS_ZOMBIE
+        assert running(helper)
     finally:
         helper.kill()
 
 
 def alive(pid):
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return running(psutil.Process(pid))
     except psutil.NoSuchProcess:
         return False

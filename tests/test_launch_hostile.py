@@ -24,7 +24,7 @@ import pytest
 
 from tests.support import bad_values, engine
 from tests.support.bad_values import shown
-from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT
+from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, assert_all_end, running
 from tests.support.settings import TINY_KEEP_CACHES
 
 
@@ -319,7 +319,7 @@ def launch_processes(launch_id):
     found = []
     for proc in psutil.process_iter():
         with contextlib.suppress(psutil.Error):
-            if launch_id in proc.environ().get("RN50MX_LAUNCH", "").split() and proc.status() != psutil.STATUS_ZOMBIE:
+            if launch_id in proc.environ().get("RN50MX_LAUNCH", "").split() and running(proc):
                 found.append(proc)
     return found
 
@@ -387,8 +387,7 @@ def test_a_signal_at_each_stage_leaves_nothing_running(shared, tmp_path, stage, 
         while launch_processes(launch_id) and time.time() - tic < 60:
             time.sleep(0.2)
         assert not launch_processes(launch_id), [p.cmdline() for p in launch_processes(launch_id)]
-        _, alive = psutil.wait_procs(tree, timeout=30)
-        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+        assert_all_end(tree, timeout=30)
         text = out.read_text()
         if sig.startswith("KILL"):
             assert status == -9 and re.search(r"process \d+ ended, \d+ process\(es\) and 0 container\(s\) of its "

@@ -23,7 +23,8 @@ import pytest
 from rn50_mx import config, recipe
 import rn50_mx.rehearse as rehearsal
 from rn50_mx.rehearse import plan, stages
-from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, descendants, mounted
+from tests.support.procs import (ENV_PATH, PYTHONPATH, ROOT, assert_all_end, assert_one_line_naming, descendants,
+                                 mounted)
 
 GPU_ONLY_WORDS = "this says nothing of whether the GPU run will work"
 
@@ -249,9 +250,8 @@ def test_sigterm_midway_leaves_no_process(tmp_path):
     tree = list(descendants(proc.pid))
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
-    psutil.wait_procs(tree, timeout=60)
     assert proc.returncode != 0
-    assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert_all_end(tree, timeout=60)
 
 
 # horovodrun's output of failed stages, shortened from real rehearsals of mutations (issue 32): the ranks' lines
@@ -360,8 +360,7 @@ def test_sigkill_midway_leaves_no_process_and_no_temporary_folder(tmp_path):
         assert os.listdir(temp), "the rehearsal's temporary folder"
         proc.kill()
         proc.wait()
-        _, alive = psutil.wait_procs(tree, timeout=60)
-        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], [p.cmdline() for p in alive]
+        assert_all_end(tree, timeout=60)
         deadline = time.time() + 30
         while os.listdir(temp) and time.time() < deadline:
             time.sleep(0.5)

@@ -18,7 +18,8 @@ import time
 import psutil
 import pytest
 
-from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, bash, config_environ, wait_for
+from tests.support.procs import (ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, bash, config_environ, running,
+                                 wait_for)
 from tests.support.studies import planted_study
 from rn50_mx import children, files, timing
 from rn50_mx.config import Settings
@@ -194,7 +195,7 @@ def test_a_killed_driver_resumes_its_study_without_losing_or_repeating_a_trial(t
     assert result.returncode == 0, result.stdout + result.stderr
     assert "search: trial 1 was running when the last driver stopped: its processes ended, queued again" in \
         result.stdout
-    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in orphans)
+    assert not any(running(p) for p in orphans)
     states = [(t.number, t.state.name, t.params) for t in study_trials(tmp_path)]
     assert states == [(0, "COMPLETE", {"EVAL_OFFSET": 1}), (1, "FAIL", {"EVAL_OFFSET": 0}),
                       (2, "COMPLETE", {"EVAL_OFFSET": 0})]
@@ -232,7 +233,7 @@ def test_a_killed_driver_s_finalist_is_ended_and_its_half_written_log_never_scor
         "run again",
         f"search: finalist sourced seed {first} ended under an earlier driver: its log "
         f"{finals / '1' / 'sourced' / f'seed{first}.log'} is scored, not run again"], result.stdout
-    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in orphans)
+    assert not any(running(p) for p in orphans)
     assert "run_stop" not in (finals / "1" / "sourced" / f"seed{second}.log").read_text()  # ended, not waited for
     assert sorted(os.listdir(finals / "2" / "sourced")) == [f"seed{second}.log", f"seed{second}.out"]
     sourced = next(line for line in result.stdout.splitlines() if line.startswith("sourced "))
@@ -250,7 +251,7 @@ def kill_leaving_frozen_runs(driver, tmp_path):
             proc.suspend()
     driver.send_signal(signal.SIGKILL)
     driver.wait()
-    return [p for p in runs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    return [p for p in runs if running(p)]
 
 
 def finals_entry(folder, record=("pgid", 999_999, 1), ended=False, seed=910_000):
@@ -648,7 +649,7 @@ def test_a_later_search_leaves_a_group_that_is_not_the_run_s_alone(tiny_data, tm
             f"or none of its processes names {tmp_path / 'res' / 'CPU.trials' / '0001'}): left alone",
             "search: trial 1 was running when the last driver stopped: its recorded process group was left alone "
             "(above), queued again"]  # issue 49: it said "its processes ended" of the group it had just left
-        assert psutil.pid_exists(member) and psutil.Process(member).status() != psutil.STATUS_ZOMBIE
+        assert running(psutil.Process(member))
     finally:
         os.killpg(pgid, signal.SIGKILL)
 

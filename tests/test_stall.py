@@ -22,7 +22,7 @@ import pytest
 from tests.support.bad_values import fifo
 from tests.support.mllog import events
 from tests.support.procs import (ENV_PATH, PYTHONPATH, ROOT, clean_environ, config_environ, gloo_ranks, mounted,
-                                 wait_for)
+                                 running, wait_for)
 from tests.support.settings import TINY
 from tests.support import stuck
 from rn50_mx import checkpoint, config, timing
@@ -114,13 +114,6 @@ def test_a_stopped_rank_ends_the_run_from_rank_0_and_leaves_nothing_running(tmp_
     assert [key for key, _, _ in events(log)[-2:]] == ["stalled", "run_stop"]
     psutil.wait_procs(family, timeout=30)  # horovodrun's middlemen reap their children as they exit
     assert [p.pid for p in family if running(p)] == []
-
-
-def running(process):
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def test_a_run_paused_for_less_than_its_bound_finishes(tmp_path):

@@ -19,8 +19,8 @@ import pytest
 from tests.support.bad_values import shown
 from tests.support.bfloat16 import HOROVOD_FALLBACK
 from tests.support.mllog import mllog
-from tests.support.procs import (ENV_PATH, PYTHONPATH, ROOT, assert_one_line_naming, descendants, files_in, launcher,
-                                 mounted, run, sigterm_to, sourced)
+from tests.support.procs import (ENV_PATH, PYTHONPATH, ROOT, assert_all_end, assert_one_line_naming, descendants,
+                                 files_in, launcher, mounted, run, sigterm_to, sourced)
 from tests.support.settings import HOROVOD, TINY, TINY_KEEP_CACHES
 
 
@@ -228,9 +228,7 @@ def test_sigterm_on_run_and_time_stops_every_rank(tiny_data, tmp_path, ranks):
         assert sum("rn50_mx.train" in " ".join(command) for command in procs.values()) >= ranks, procs
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) != 0
-        _, alive = psutil.wait_procs(procs, timeout=60)
-        alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        assert not alive, [p.cmdline() for p in alive]
+        assert_all_end(procs, timeout=60)
         assert "RESULT," not in out.read_text()
     finally:  # whatever the outcome, nothing this test started keeps running
         for p in [*procs, psutil.Process(proc.pid)] if proc.poll() is None else procs:

@@ -159,14 +159,38 @@ def sigterm_to(command, out, ready, group=False):
         else:
             proc.send_signal(signal.SIGTERM)
         status = proc.wait(timeout=60)
-        _, alive = psutil.wait_procs(procs, timeout=15)
-        alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        assert not alive, [p.cmdline() for p in alive]
+        assert_all_end(procs, timeout=15)
         return status, out.read_text()
     finally:
         for p in [*procs, psutil.Process(proc.pid)] if proc.poll() is None else procs:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
+
+
+def running(process):
+    """Whether `process` (a psutil.Process) still runs. A zombie has ended (only its entry is left until its parent
+    reaps it), and so has a process that ends while it is asked: psutil raises then, and a test that looks while
+    processes come and go must not fail on one that just ended."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def assert_all_end(processes, timeout):
+    """Waits up to `timeout` seconds for `processes` (psutil.Process) to end, then asserts that none still runs,
+    naming the command lines of those that do."""
+    _, alive = psutil.wait_procs(processes, timeout=timeout)
+    left = [p for p in alive if running(p)]
+    assert not left, [command_line(p) for p in left]
+
+
+def command_line(process):
+    """`process`'s argv, or its pid once it has ended (for a message about it)."""
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return process.pid
 
 
 def descendants(pid):
