@@ -162,23 +162,30 @@ CPU_BASE_KEY := $(shell { { echo '$(subst ','\'',$(HOROVOD_KEY) $(CPU_BASE_PACKA
 	cat constraints.txt $(CPU_BASE_CERTS); } | sha256sum | cut -c1-16; } 2>/dev/null)
 CPU_BASE  := rn50-mx-cpu-base:$(CPU_BASE_KEY)
 CPU_BASE_TAR := $(CACHE)/cpu-base-$(CPU_BASE_KEY).tar
+CPU_BASE_LEFT := $(CACHE): cannot remove what an earlier build left there: a mount under cpu-base.work-* (findmnt), \
+	left by a build killed before mmdebstrap had a mount namespace of its own; umount it
 
 # One build at a time writes the cache (a second waits for the lock, then finds the base there), so the bases of other
 # inputs and what a killed build left (a temporary base, mmdebstrap's work folder) are removed first. The build is
 # tied to make (rn50_mx/launch.sh): a SIGTERM, a Ctrl-C or a SIGKILL of make ends mmdebstrap and all it started
 # within seconds (SIGKILL STOP_GRACE s after SIGTERM), and its temporary base and work folder (TMPDIR: the new root
-# file system) go with them.
+# file system) go with them. As root, mmdebstrap mounts /proc, /sys and /dev into the new root: it runs in a mount
+# namespace of its own (unshare), so that those mounts end with its last process however it ends. Killed at once
+# (SIGKILL to all of it: the OOM killer, a job's cgroup), it left them mounted in the machine's namespace, and every
+# later build failed at the removal below ("skipping ... since it's on a different device"). Not as root, mmdebstrap
+# works in a user namespace of its own already.
 $(CPU_BASE_TAR): | $(HOROVOD_WHEEL_DIR) /usr/bin/mmdebstrap
 	mkdir -p -- "$(CACHE)"
 	source "$(CURDIR)/rn50_mx/launch.sh" && LAUNCHER="make image-cpu" STOP_GRACE=5 && tie_to "$$PPID" && \
 	  { hold_lock "$(CACHE)/cpu-base.lock" wait || die "$(CACHE): cannot write the cache"; } && \
 	  if [[ -e "$@" ]]; then exit 0; fi && \
-	  rm -rf --one-file-system -- "$(CACHE)"/cpu-base-????????????????.tar "$(CACHE)"/cpu-base-*.tar.tmp-* \
-	    "$(CACHE)"/cpu-base.work-* && \
+	  { rm -rf --one-file-system -- "$(CACHE)"/cpu-base-????????????????.tar "$(CACHE)"/cpu-base-*.tar.tmp-* \
+	    "$(CACHE)"/cpu-base.work-* 2>/dev/null || die "$(CPU_BASE_LEFT)"; } && \
 	  tmp=$$(mktemp -- "$@.tmp-XXXXXX.tar") && work=$$(mktemp -d -- "$(CACHE)/cpu-base.work-XXXXXX") && \
 	  trap 'rm -rf --one-file-system -- "$$tmp" "$$work"' EXIT && \
-	  TMPDIR=$$work run_in_group mmdebstrap --quiet --variant=minbase --include=$(CPU_BASE_PACKAGES) \
-	    $(CPU_BASE_HOOKS) bookworm "$$tmp" && mv -- "$$tmp" "$@"
+	  own_mounts=() && { ((EUID)) || own_mounts=(unshare --mount --propagation private --); } && \
+	  TMPDIR=$$work run_in_group "$${own_mounts[@]}" mmdebstrap --quiet --variant=minbase \
+	    --include=$(CPU_BASE_PACKAGES) $(CPU_BASE_HOOKS) bookworm "$$tmp" && mv -- "$$tmp" "$@"
 
 # The base's hash (tests/support/engine.py names its saved image by it and the Dockerfile's context).
 cpu-base-key:
