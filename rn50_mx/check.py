@@ -88,7 +88,9 @@ def main(argv=None):
         return env_names()
     if args.resume is not None:
         resumable(resolved[0], args.resume)
-    return check(*resolved)
+    status = check(*resolved)
+    config.say_fallback(resolved[1])
+    return status
 
 
 if __name__ == "__main__":

@@ -387,6 +387,7 @@ def momentum_points(text):
 CPUINFO = "/proc/cpuinfo"
 BFLOAT16_FLAGS = ("avx512_bf16", "amx_bf16")  # the x86 instructions oneDNN computes bfloat16 with
 FALLBACK = "bfloat16_fallback"
+FALLBACK_NOTE = "bfloat16_fallback_note"  # in the origins: why float32 replaced bfloat16 (no field has this name)
 
 
 def cpu_flags(path=None):
@@ -425,19 +426,27 @@ def check_bfloat16(s, src):
 
 
 def fall_back(s, origins):
-    """`s` in float32 where it asks for bfloat16 with the fallback on and this CPU cannot run bfloat16, saying why
-    on stderr in one line (each process that resolves it: a trial's log holds it); else `s`. The GPU is not a case:
-    validate refuses bfloat16 there."""
+    """`s` in float32 where it asks for bfloat16 with the fallback on and this CPU cannot run bfloat16, the reason
+    kept in `origins` for say_fallback; else `s`. Nothing is said here: a tool that resolves the settings and then
+    refuses something else must say one line, not the fallback first. The GPU is not a case: validate refuses
+    bfloat16 there."""
     if s.dtype != "bfloat16" or not s.bfloat16_fallback or s.device == "gpu":
         return s
     obstacle = bfloat16_obstacle(s)
     if obstacle is None:
         return s
     switch = given_as(FALLBACK, origins)
-    print(f"{given_as('dtype', origins)}=bfloat16: {obstacle}: training in float32 ({switch}=1)", file=sys.stderr,
-          flush=True)
+    origins[FALLBACK_NOTE] = f"{given_as('dtype', origins)}=bfloat16: {obstacle}: training in float32 ({switch}=1)"
     origins["dtype"] = origins.get(FALLBACK, "flag")
     return dataclasses.replace(s, dtype="float32")
+
+
+def say_fallback(origins):
+    """Say on stderr, in one line, why these settings train in float32 where bfloat16 was asked (fall_back), if they
+    do. Said where the settings are put to use, once every check has passed: by the launchers' check, after its
+    verdicts, and by each training process as its run starts (a trial's log holds both)."""
+    if FALLBACK_NOTE in origins:
+        print(origins[FALLBACK_NOTE], file=sys.stderr, flush=True)
 
 
 MAX_BATCH_FACTOR = 1024  # steps per update: 1024 x 3264 images is over 3 million, far past ResNet-50 batches in use

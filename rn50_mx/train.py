@@ -19,10 +19,11 @@ from .errors import run_cli, settings_first
 
 
 def settings_and_files(argv):
-    """The settings of `argv`, and the data files they name asked what they are (data.present: no byte read)."""
-    s = config.load(argv)
-    data.named_files(s, data.present)
-    return s
+    """(settings, origins) of `argv`, and the data files they name asked what they are (data.present: no byte
+    read)."""
+    resolved = config.resolve(argv)
+    data.named_files(resolved[0], data.present)
+    return resolved
 
 
 # `python -m rn50_mx.train`: the settings and the data files' presence before MXNet and DALI load, so that a bad
@@ -308,8 +309,9 @@ def arm_exit_alarm(seconds):
     signal.alarm(seconds)
 
 
-def run(s):
-    """The whole timed run; returns the run_stop status, or checkpoint.RESUMABLE or DIVERGED."""
+def run(s, origins):
+    """The whole timed run of `s` (`origins`: config.resolve's); returns the run_stop status, or
+    checkpoint.RESUMABLE or DIVERGED."""
     d = dist.init(s)
     data.named_files(s, data.present)  # asked what they are before any work, not read: that waits for run_start
     with checkpoint.model_output(s, d):  # checked and owned before any work
@@ -317,6 +319,7 @@ def run(s):
         if saver and saver.meta and s.seed is None:  # the resumed run draws from the seed the checkpoint's run drew
             s = s.replace(seed=saver.meta["seed"])
         log.configure(d.rank, s.mllog_file, saver.resumes() if saver else None)
+        config.say_fallback(origins)  # each process, once nothing is left to refuse
         with watchdog.watching(s, d.rank):  # from here to run_stop (train_on stops it)
             log.start(K.INIT_START, every_rank=True)
             if saver and saver.meta:
@@ -420,8 +423,8 @@ def main():
         print(config.help_text())
         return 0
     faulthandler.enable(all_threads=True)  # a rank that dies in native code (CUDA, NCCL, Gloo) says where it was
-    settings = EARLY or config.load(sys.argv[1:])
-    status = run(settings)
+    settings, origins = EARLY or config.resolve(sys.argv[1:])
+    status = run(settings, origins)
     arm_exit_alarm(settings.exit_timeout)
     codes = {checkpoint.RESUMABLE: checkpoint.RESUMABLE_EXIT, checkpoint.DIVERGED: checkpoint.DIVERGED_EXIT}
     return codes.get(status, 0)

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from tests.support.bfloat16 import CPU_SH_SAYS
 from tests.support.procs import (ROOT, assert_one_line_naming, clean_environ, config_environ, run, run_train,
                                  sourced)
 
@@ -137,7 +138,7 @@ def test_several_processes_need_horovod():
 def test_config_sources_cleanly_and_validates(system):
     result = sourced(system, "echo DGXSYSTEM=$DGXSYSTEM; python -m rn50_mx.check")
     assert result.returncode == 0, result.stderr
-    assert result.stderr == "" and f"DGXSYSTEM={system}\n" in result.stdout
+    assert result.stderr == (CPU_SH_SAYS if system == "CPU" else "") and f"DGXSYSTEM={system}\n" in result.stdout
     table = settings_table(result.stdout)
     assert table["--batch-size"][1] == "BATCHSIZE" and table["--dgxsystem"] == (system, "DGXSYSTEM")
 
@@ -253,10 +254,13 @@ def test_the_fallback_trains_in_float32_on_a_cpu_without_the_instructions_saying
     path = planted_cpuinfo(monkeypatch, tmp_path, " avx512_vnni")
     s, origins = config.resolve(argv, env)
     assert (s.dtype, s.input_dtype, s.bfloat16_fallback) == ("float32", "float32", True)
+    assert capsys.readouterr().err == ""  # resolving says nothing: a tool that refuses next says one line
+    config.say_fallback(origins)
     assert capsys.readouterr().err == says.format(path) + "\n"
     assert origins["dtype"] == ("flag" if argv else "RN50_BFLOAT16_FALLBACK")  # the listing says what chose float32
-    assert config.load(config.as_flags(s), {}).dtype == "float32"  # a child given the settings: float32, silently
-    assert capsys.readouterr().err == ""
+    child = config.resolve(config.as_flags(s), {})  # a child given the settings: float32, with nothing to say
+    config.say_fallback(child[1])
+    assert child[0].dtype == "float32" and capsys.readouterr().err == ""
 
 
 def test_the_fallback_changes_nothing_where_bfloat16_runs_and_never_takes_the_gpu(monkeypatch, tmp_path, capsys):
@@ -275,8 +279,9 @@ def test_under_horovod_the_fallback_trains_in_float32_even_where_the_cpu_has_the
                                                                                            capsys):
     from rn50_mx import config
     planted_cpuinfo(monkeypatch, tmp_path, " amx_bf16")
-    s = config.load([], {"DTYPE": "bfloat16", "RN50_BFLOAT16_FALLBACK": "1", "KVSTORE": "horovod"})
+    s, origins = config.resolve([], {"DTYPE": "bfloat16", "RN50_BFLOAT16_FALLBACK": "1", "KVSTORE": "horovod"})
     assert s.dtype == "float32"
+    config.say_fallback(origins)
     assert capsys.readouterr().err.startswith("DTYPE=bfloat16: one process only: Horovod's MXNet allreduce takes no "
                                               "bfloat16")
 

@@ -88,8 +88,10 @@ def actions(parser, prefix=""):
 
 
 def is_settings_parser(parser):
-    """config.settings_parser's: every flag a setting (rn50_mx.train's parser)."""
-    return {a.dest for a in parser._actions if a.option_strings and a.dest != "help"} <= set(config.FIELDS)
+    """config.settings_parser's: every flag a setting (rn50_mx.train's parser). A parser with no flag at all (a
+    command of subcommands, or of none) is not one: its own inputs are enumerated."""
+    flags = {a.dest for a in parser._actions if a.option_strings and a.dest != "help"}
+    return bool(flags) and flags <= set(config.FIELDS)
 
 
 def takes_settings(parser):
@@ -203,6 +205,23 @@ def test_a_text_given_to_an_input_is_refused_in_one_line_or_kept_as_given(item, 
         if isinstance(value, InputError):
             continue  # run_cli prints it as one line (errors.printable)
         assert kept(item, text, value), f"{item} given {label} {text!r}: accepted as {value!r}"
+
+
+# Training's settings with a fallback to say (Horovod allreduces no bfloat16: on every CPU), and a refusal after it.
+FALLING_BACK = {"DTYPE": "bfloat16", "RN50_BFLOAT16_FALLBACK": "1", "KVSTORE": "horovod"}
+REFUSED = ["--min-random-area", "0.9", "--max-random-area", "0.5"]
+
+
+def test_a_refused_setting_is_one_line_where_the_settings_fall_back_to_float32():
+    """Every command that takes training's settings, given config/CPU.sh's bfloat16 where it falls back (said by a
+    run that starts) and a setting it refuses: one line, the refusal's. The fallback was said as the settings were
+    resolved, before the refusal, on every CPU without avx512_bf16: the suite's one-line probes failed there."""
+    cases = [{"id": tool, "module": tool, "argv": REFUSED, "env": {**os.environ, **PYTHONPATH, **FALLING_BACK},
+              "cwd": ROOT, "uid": None, "timeout": TIMEOUT} for tool in SETTINGS_USERS]
+    results = run_cases(cases)
+    for tool in SETTINGS_USERS:
+        lines = results[tool]["stderr"].splitlines()
+        assert results[tool]["code"] == 2 and len(lines) == 1 and "--min-random-area" in lines[0], results[tool]
 
 
 # --- layer 2: things planted at every path input, through the real command ----------------------------------------

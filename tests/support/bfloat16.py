@@ -12,6 +12,10 @@ DEMO_DTYPE = "bfloat16" if HAS_BFLOAT16 else "float32"  # what config/CPU.sh tra
 # What each process of config/CPU.sh under Horovod says (RN50_BFLOAT16_FALLBACK=1): the reason this CPU gives first.
 HOROVOD_FALLBACK = (f"DTYPE=bfloat16: {config.bfloat16_obstacle(config.Settings(kv_store='horovod'))}: training in "
                     "float32 (RN50_BFLOAT16_FALLBACK=1)")
+# What one process of config/CPU.sh that goes ahead (the check, a training) says on stderr: nothing where the CPU
+# computes bfloat16, else why it trains in float32.
+CPU_SH_SAYS = "" if HAS_BFLOAT16 else (f"DTYPE=bfloat16: {config.bfloat16_obstacle(config.Settings())}: training in "
+                                       "float32 (RN50_BFLOAT16_FALLBACK=1)\n")
 needs_bfloat16 = pytest.mark.skipif(
     not HAS_BFLOAT16,
     reason=f"this CPU has neither {' nor '.join(config.BFLOAT16_FLAGS)} ({config.CPUINFO}): MXNet's oneDNN computes "
