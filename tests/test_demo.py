@@ -12,9 +12,10 @@ from tests.support.procs import ONE_THREAD, sourced
 
 
 @pytest.mark.slow
-# Its steps' own limits (600 + 1800 + 300 s), not pytest.ini's 900 s: on a machine at a third of its usual speed
-# the demo alone takes about 15 minutes.
-@pytest.mark.timeout(2700)
+# Its steps' own limits (600 + 3600 + 300 s), not pytest.ini's 900 s: hang guards, not speed bounds. On an AVX2-only
+# EPYC (no bfloat16 instructions: float32, one thread) beside make test's other workers, its training ran at 16 to 28
+# images/s and was past epoch 3 of 4 at the 1800 s this step was given before (2026-12-01).
+@pytest.mark.timeout(4500)
 def test_demo_reaches_the_target_and_its_log_passes_the_checker(tmp_path):
     data, logs = tmp_path / "data", tmp_path / "logs"
     packed = sourced("CPU", f'python -m rn50_mx.prep_rec fashion-mnist {data} $FMNIST_ARGS', timeout=600)
@@ -23,7 +24,7 @@ def test_demo_reaches_the_target_and_its_log_passes_the_checker(tmp_path):
     # of wall and 941 s of CPU (alone: 190 s). Seed 1 reaches the target on one thread too (286 s wall, 297 s CPU,
     # alone).
     env = {"DATADIR": str(data), "LOGDIR": str(logs), "NEXP": "1", "SEED": "1", "DATESTAMP": "demo", **ONE_THREAD}
-    result = sourced("CPU", "./run_with_docker.sh", env, timeout=1800)
+    result = sourced("CPU", "./run_with_docker.sh", env, timeout=3600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
     [log] = glob.glob(str(logs / "*.log"))

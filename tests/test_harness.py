@@ -76,8 +76,11 @@ def daemon():
 
 
 def test_fails_with_a_group_left(daemon):
-    group = subprocess.Popen(['bash', '-c', 'sleep 600 & echo $! > "$RAN/grandchild"; wait'], start_new_session=True)
+    group = subprocess.Popen(['bash', '-c', 'sleep 600 & echo $! > "$RAN/grandchild.tmp" && mv "$RAN/grandchild.tmp" '
+                              '"$RAN/grandchild"; wait'], start_new_session=True)
     record('group', group.pid)
+    while not os.path.exists(os.path.join(os.environ['RAN'], 'grandchild')):  # the reaper ends bash at the failure
+        assert group.poll() is None
     assert False, 'failed midway'
 
 
