@@ -1,13 +1,16 @@
 """`make test`'s own machinery, each run on a suite of its own: how it shares the suite between its workers
-(tests/support/schedule.py: four units handed out by the real scheduler in a real pytest-xdist session of two workers)
-and what it ends after a test's call (tests/support/procs.py, Reaper)."""
+(tests/support/schedule.py: four units handed out by the real scheduler in a real pytest-xdist session of two workers),
+what it ends after a test's call (tests/support/procs.py, Reaper), and what it says of a child a signal does not end."""
 import os
+import signal
+import subprocess
 import sys
 import time
 
 import psutil
+import pytest
 
-from tests.support.procs import run, running
+from tests.support.procs import FAULT_STACKS, ended_after, run, running
 
 CONFTEST = ("from tests.support import schedule\n\n\ndef pytest_configure(config):\n"
             "    config.pluginmanager.register(schedule.Distribution(config), 'rn50-distribution')\n")
@@ -122,3 +125,19 @@ def alive(pid):
         return running(psutil.Process(pid))
     except psutil.NoSuchProcess:
         return False
+
+
+def test_a_child_a_signal_does_not_end_fails_the_test_with_its_threads_and_stacks():
+    """ended_after's report: a child that ignores SIGTERM is still there after the timeout; the failure names each
+    of its threads (the main one asleep in the kernel, SIGTERM not caught) and the Python line it waits on."""
+    waits = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\n" \
+            "time.sleep(600)\n"
+    proc = subprocess.Popen([sys.executable, "-c", waits], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **FAULT_STACKS})
+    assert proc.stdout.readline() == "ready\n"
+    with pytest.raises(pytest.fail.Exception) as failed:
+        ended_after(proc, signal.SIGTERM, timeout=1)
+    report = str(failed.value)
+    first = f"still running 1 s after signal {signal.SIGTERM}:\n{proc.pid} python S (sleeping) blocked "
+    assert first in report, report
+    assert 'File "<string>", line 4 in <module>' in report and proc.poll() is not None, report

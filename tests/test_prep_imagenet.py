@@ -22,6 +22,7 @@ from rn50_mx.errors import InputError
 from rn50_mx.prep_rec import layouts, tars
 
 from tests.support.prep_rec import assert_one_line_error, cli, file_bytes, read_records
+from tests.support.procs import FAULT_STACKS, ended_after
 
 SPLITS = ("train", "val")
 FILES = [f"{split}.{ext}" for split in SPLITS for ext in ("lst", "rec", "idx")]
@@ -260,12 +261,12 @@ def test_interrupted_run_leaves_nothing_complete(net, tmp_path):
     os.mkfifo(stuck)
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "rn50_mx.prep_rec", "imagenet", src, out, "--workers", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **FAULT_STACKS})
     while not glob.glob(str(out / "train.rec.*.tmp")):  # the writer's own temporary name (files.temp_name)
         assert proc.poll() is None, proc.stderr.read()
         time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    stdout, stderr = proc.communicate(timeout=60)
+    stdout, stderr = ended_after(proc, signal.SIGTERM)
     assert proc.returncode == 130 and stderr.strip() == "prep_rec: interrupted", (proc.returncode, stderr[-3000:])
     assert sorted(os.listdir(out)) == ["val.idx", "val.lst", "val.rec"]  # val was complete; train is not there
     assert f"val.rec: {len(net.val)} images" in stdout and prep_rec.verify(str(out / "val")).problems == ()

@@ -17,7 +17,7 @@ from rn50_mx.errors import InputError
 
 from tests.support.data import CLASSES, PER_CLASS
 from tests.support.prep_rec import assert_one_line_error, cli, file_bytes, read_records
-from tests.support.procs import ROOT, py, run
+from tests.support.procs import FAULT_STACKS, ROOT, ended_after, py, run
 
 
 @pytest.fixture
@@ -230,12 +230,11 @@ def test_killed_pack_leaves_nothing_complete(jpeg_tree, small_rec, tmp_path, sig
     lst.write_text(open(small_rec + ".lst").read() + f"99\t0.000000\t{tmp_path / 'stuck.jpg'}\n")
     out = tmp_path / "out" / "train"
     proc = subprocess.Popen([sys.executable, "-m", "rn50_mx.prep_rec", "pack", jpeg_tree, out, "--list", lst,
-                             "--workers", "1"], stderr=subprocess.PIPE, text=True)
+                             "--workers", "1"], stderr=subprocess.PIPE, text=True, env={**os.environ, **FAULT_STACKS})
     while not (out.parent.exists() and any(name.endswith(".tmp") for name in os.listdir(out.parent))):
         assert proc.poll() is None, proc.stderr.read()
         time.sleep(0.05)
-    proc.send_signal(sig)
-    stderr = proc.communicate(timeout=60)[1]
+    stderr = ended_after(proc, sig)[1]
     assert proc.returncode != 0
     left = sorted(os.listdir(out.parent))
     assert not {"train.rec", "train.idx", "train.lst"} & set(left)

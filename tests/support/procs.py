@@ -167,6 +167,44 @@ def sigterm_to(command, out, ready, group=False):
                 p.kill()
 
 
+# faulthandler on in a child (PYTHONFAULTHANDLER): its SIGABRT handler prints every thread's Python stack.
+FAULT_STACKS = {"PYTHONFAULTHANDLER": "1"}
+
+
+def ended_after(proc, sig, timeout=60):
+    """(stdout, stderr) of `proc` (a Popen with pipes) once it has ended after `sig`. One still running after `timeout`
+    s fails the test with what each of its threads was doing (/proc: state, blocked and pending signals, the kernel's
+    wait channel) and, started with FAULT_STACKS, every thread's Python stack (faulthandler, on SIGABRT): a stop that
+    never lands is a finding to read, not a bare timeout (fc73: a pack SIGTERMed while it waited on a FIFO)."""
+    proc.send_signal(sig)
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        threads = "\n".join(thread_lines(proc.pid))
+        proc.send_signal(signal.SIGABRT)
+        try:
+            stacks = proc.communicate(timeout=10)[1]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stacks = proc.communicate()[1]
+        pytest.fail(f"still running {timeout} s after signal {sig}:\n{threads}\n{stacks[-6000:]}")
+
+
+def thread_lines(pid):
+    """One line per thread of process `pid`: its id, name, state, blocked and pending signals (the thread's and the
+    process's) and where in the kernel it waits."""
+    lines = []
+    for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                status = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+            with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+                wchan = f.read()
+            lines.append(f"{tid} {status['Name']} {status['State']} blocked {status['SigBlk']} pending "
+                         f"{status['SigPnd']}/{status['ShdPnd']} caught {status['SigCgt']} in {wchan}")
+    return lines
+
+
 def running(process):
     """Whether `process` (a psutil.Process) still runs. A zombie has ended (only its entry is left until its parent
     reaps it), and so has a process that ends while it is asked: psutil raises then, and a test that looks while
