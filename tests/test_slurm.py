@@ -247,6 +247,7 @@ def ranks_of(cluster, job_id):
     """The training processes of a job (other trainings may run on this machine)."""
     return [proc for proc, job in cluster.trainings() if job == str(job_id)]
 
+
 def bridge_bytes():
     """Bytes received plus sent by the nodes' veth ends on the host: what crossed between the namespaces."""
     total = 0
