@@ -126,6 +126,10 @@ class Settings:
     input_layout: str = _opt("NCHW", "tensor layout (MXNet CPU convolutions need NCHW)", env="INPUT_LAYOUT",
                              choices=("NCHW", "NHWC"))
     bn_gamma_init0: bool = _opt(False, "zero-initialise the last BN gamma of each block", env="BN_GAMMA_INIT0")
+    num_layers: int = _opt(50, "the network's depth, 3 x its bottleneck units + 2: 50 is ResNet-50 v1.5 (3, 4, 6, 3 "
+                           "units a stage), the benchmark's network and the only one a GPU run takes; 26 (2 a stage) "
+                           "and 14 (1 a stage) run the same code on fewer units, for the rehearsal's and the tests' "
+                           "shrunk runs", env="RN50_NUM_LAYERS", choices=(14, 26, 50))
     omp_num_threads: int = _opt(0, "MXNet's OpenMP threads, read by MXNet when it loads: only the variable sets it "
                                 "(0 = unset: MXNet takes half the logical CPUs)", env="OMP_NUM_THREADS", low=0,
                                 high=1024)
@@ -562,6 +566,9 @@ def validate(s, origins=None):
                             f"{src('num_epochs')}={s.num_epochs}")
     if s.dtype == "bfloat16":
         check_bfloat16(s, src)
+    if s.num_layers != FIELDS["num_layers"].default and s.device == "gpu" and s.standin == "off":
+        raise SettingsError(f"{src('num_layers')}={s.num_layers}: a GPU run trains ResNet-50 (50), the benchmark's "
+                            "network; fewer layers are for shrunk runs (the rehearsal's stand-in, the CPU's tests)")
     if s.input_layout == "NHWC" and s.device == "cpu":
         raise SettingsError(f"{src('input_layout')}=NHWC: MXNet's CPU convolutions need NCHW; NHWC is the GPU layout")
     levers = [name for name in OPEN_LEVERS if name in open_levers(s)]

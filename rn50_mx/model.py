@@ -45,8 +45,11 @@ def is_low_precision(dtype):
     return np.dtype(dtype) in LOW_PRECISION
 
 
-# (units, bottleneck width, stride of the first unit) per stage; each unit outputs 4 x width channels.
-STAGES = ((3, 64, 1), (4, 128, 2), (6, 256, 2), (3, 512, 2))
+# (bottleneck width, stride of the first unit) per stage; each unit outputs 4 x width channels.
+STAGES = ((64, 1), (128, 2), (256, 2), (512, 2))
+# Units per stage by depth (--num-layers: 3 layers a unit, the stem and fc): every depth has each stage's projection
+# unit, 26 and 50 an identity unit after it too.
+UNITS = {14: (1, 1, 1, 1), 26: (2, 2, 2, 2), 50: (3, 4, 6, 3)}
 EXPANSION = 4
 STEM_CHANNELS = 64
 
@@ -298,12 +301,12 @@ class Bottleneck(gluon.HybridBlock):
         return scale_bias_relu(out3[0], bn3, dataZ=shortcut[0], **bnsc, **dual)
 
 
-def unit_geometry(image_hw):
+def unit_geometry(image_hw, units=UNITS[50]):
     """Per stage, each bottleneck's Bottleneck arguments but the layout and zero_gamma, for input images of (height,
-    width) `image_hw`: in_channels, width, stride, projection, prefix and in_hw (the map the unit reads: conv0 and
-    pool0 halve the images, each stage's first unit carries its stride)."""
+    width) `image_hw` and `units` bottlenecks a stage: in_channels, width, stride, projection, prefix and in_hw (the
+    map the unit reads: conv0 and pool0 halve the images, each stage's first unit carries its stride)."""
     channels, hw, stages = STEM_CHANNELS, shrink(shrink(image_hw, 2), 2), []
-    for count, width, stride in STAGES:
+    for count, (width, stride) in zip(units, STAGES):
         stages.append([])
         for u in range(1, count + 1):
             unit_stride = stride if u == 1 else 1
@@ -314,7 +317,8 @@ def unit_geometry(image_hw):
 
 
 class ResNet50V15(gluon.HybridBlock):
-    """ResNet-50 v1.5: 7x7/2 conv, BN, ReLU, 3x3/2 max-pool, stages of (3, 4, 6, 3) bottlenecks, average pool, fc.
+    """ResNet-50 v1.5: 7x7/2 conv, BN, ReLU, 3x3/2 max-pool, stages of (3, 4, 6, 3) bottlenecks (fewer with
+    `units`), average pool, fc.
 
     Parameters
     ----------
@@ -327,21 +331,23 @@ class ResNet50V15(gluon.HybridBlock):
         Zero-initialise the last BN gamma of each bottleneck.
     image_hw : (int, int)
         Height and width of the input images (the NormConv statistics count pixels).
+    units : tuple of int
+        Bottlenecks per stage (UNITS: ResNet-50's by default).
     """
 
-    def __init__(self, layout, num_classes, in_channels, zero_gamma=False, image_hw=(224, 224)):
+    def __init__(self, layout, num_classes, in_channels, zero_gamma=False, image_hw=(224, 224), units=UNITS[50]):
         super().__init__(prefix="")
         self.conv0 = layout.conv(STEM_CHANNELS, 7, 2, 3, in_channels, "conv0_", block=StemConv)
         self.bn0 = layout.batchnorm(STEM_CHANNELS, "bn0_", then="relu")
         self.pool0 = layout.max_pool("pool0_")
         self.stages = nn.HybridSequential(prefix="")
-        for s, units in enumerate(unit_geometry(image_hw), start=1):
+        for s, stage_units in enumerate(unit_geometry(image_hw, units), start=1):
             stage = nn.HybridSequential(prefix=f"stage{s}_")
             with stage.name_scope():
-                for unit in units:
+                for unit in stage_units:
                     stage.add(Bottleneck(layout, zero_gamma=zero_gamma, **unit))
             self.stages.add(stage)
-        channels = STAGES[-1][1] * EXPANSION
+        channels = STAGES[-1][0] * EXPANSION
         self.pool1 = layout.global_avg_pool("pool1_")
         self.fc1 = nn.Dense(num_classes, in_units=channels, prefix="fc1_",
                             weight_initializer=mx.init.Normal(0.01), bias_initializer="zeros")
@@ -382,7 +388,7 @@ def build_model(settings, ctx=None, drawn=True):
     layout = Layout(settings.input_layout, settings.batchnorm_eps, settings.batchnorm_mom, fused,
                     settings.batch_size if normconv else 0, settings.normconv_wiring)
     net = ResNet50V15(layout, settings.num_classes, settings.image_chw[0], settings.bn_gamma_init0,
-                      settings.image_chw[1:])
+                      settings.image_chw[1:], UNITS[settings.num_layers])
     if drawn:
         net.initialize(ctx=ctx or mx.cpu())
     else:

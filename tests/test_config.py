@@ -360,3 +360,19 @@ def test_a_cpuinfo_that_is_not_utf8_gives_its_flags(monkeypatch, tmp_path):
     path = planted_cpuinfo(monkeypatch, tmp_path, " avx512_bf16")
     path.write_bytes(b"model name\t: \xff\xfe Virtual \xe9CPU\n" + path.read_bytes())
     assert config.load(["--dtype", "bfloat16"], {}).dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("argv,env,refused", [
+    (["--device", "gpu", "--num-layers", "14"], {}, "--num-layers=14: a GPU run trains ResNet-50 (50)"),
+    (["--device", "gpu"], {"RN50_NUM_LAYERS": "26"}, "RN50_NUM_LAYERS=26: a GPU run trains ResNet-50 (50)"),
+    (["--device", "gpu", "--num-layers", "26", "--standin", "gpu"], {}, None),  # the rehearsal's shrunk run
+    (["--num-layers", "14"], {}, None),  # the CPU's tests
+    (["--num-layers", "13"], {}, "--num-layers=13: must be one of 14, 26, 50"),
+])
+def test_fewer_layers_are_for_shrunk_runs_and_a_gpu_run_trains_resnet_50(argv, env, refused):
+    from rn50_mx import config
+    if refused:
+        with pytest.raises(config.SettingsError, match="^" + re.escape(refused)):
+            config.load(argv, env)
+    else:
+        assert config.load(argv, env).num_layers == int(argv[argv.index("--num-layers") + 1])

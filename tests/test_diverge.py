@@ -13,7 +13,7 @@ import sys
 
 from tests.support.mllog import events
 from tests.support.procs import PYTHONPATH, ROOT, clean_environ, gloo_ranks, sourced
-from tests.support.settings import TINY
+from tests.support.settings import SHRUNK_LAYERS, TINY
 from rn50_mx import checkpoint, timing
 
 THIS = os.path.abspath(__file__)
@@ -21,7 +21,7 @@ WARM_UP_STEPS = 1  # train.warm_up's steps on zeros on the CPU (one training siz
 # A synthetic run of 16 steps an epoch (2 epochs, 3 classes, 32x32), plain SGD without momentum.
 SYNTHETIC = ["--synthetic", "1", "--num-examples", "64", "--batch-size", "4", "--num-epochs", "2", "--warmup-epochs",
              "0", "--eval-offset", "0", "--image-shape", "3,32,32", "--num-classes", "3", "--optimizer", "sgd", "--mom",
-             "0", "--seed", "7", "--disp-batches", "4", "--dali-threads", "1"]
+             "0", "--seed", "7", "--disp-batches", "4", "--dali-threads", "1", "--num-layers", str(SHRUNK_LAYERS)]
 
 
 def run_worker(out, flags, launch=(), timeout=300):

@@ -25,7 +25,7 @@ from rn50_mx import prep_rec
 from tests.support import bad_values
 from tests.support.data import TINY_CLASSES
 from tests.support.procs import ENV_PATH, PYTHONPATH, ROOT, files_in, launcher, mounted, py, run, sigterm_to
-from tests.support.settings import STOPPED_RUN, TINY_KEEP_CACHES
+from tests.support.settings import SHRUNK_LAYERS, STOPPED_RUN, TINY_KEEP_CACHES
 from tests.support.studies import planted_study, search_argv
 from tests.support.table_runner import as_user, linked_copy
 
@@ -376,7 +376,8 @@ def test_a_fifo_as_the_val_rec_is_one_line_in_evaluate(shared, stopped_checkpoin
     """Issue 42 item 7: evaluate opened the FIFO and waited for a writer forever (7c8846a)."""
     data = with_fifo(shared, tmp_path, "val.rec")
     result = run(py("rn50_mx.evaluate", "--checkpoint-dir", shutil.copytree(stopped_checkpoints, tmp_path / "ckpt"),
-                    "--data-val", data / "val.rec", "--num-classes", "3", "--image-shape", "3,32,32"), timeout=60)
+                    "--data-val", data / "val.rec", "--num-classes", "3", "--image-shape", "3,32,32", "--num-layers",
+                    str(SHRUNK_LAYERS)), timeout=60)
     assert result.stderr.strip().splitlines()[-1] == (f"rn50_mx.evaluate: error: {data / 'val.rec'}: a FIFO (named "
                                                       "pipe), not a regular file: cannot read it")
     assert result.returncode == 2 and "Traceback" not in result.stderr

@@ -673,3 +673,26 @@ def test_the_padded_stem_computes_the_three_channel_convolution():
     for padded, plain in zip(outs[True], outs[False]):
         np.testing.assert_allclose(padded, plain, rtol=2e-2, atol=1e-2)
     assert outs[True][1].shape == (64, 3, 7, 7)
+
+
+def stage_and_unit(name):
+    """(stage, unit) of a bottleneck's parameter name (stage3_unit5_conv1_weight: (3, 5)); None for the stem's and
+    fc's."""
+    found = re.match(r"stage(\d)_unit(\d+)_", name)
+    return found and (int(found[1]), int(found[2]))
+
+
+@pytest.mark.parametrize("layers", [14, 26])
+def test_fewer_layers_are_resnet_50_s_first_units_of_each_stage(net, layers):
+    """--num-layers 14 and 26 (the tests' and the rehearsal's shrunk runs) build ResNet-50's code with 1 and 2 units a
+    stage: each of their parameters is ResNet-50's of that name and shape, and what they lack is exactly the later
+    units."""
+    small = model.build_model(Settings(num_layers=layers), drawn=False)
+    units = model.UNITS[layers]
+    assert [len(stage) for stage in small.stages] == list(units)
+    ours = {p.name: p.shape for p in small.collect_params().values()}
+    resnet50 = {p.name: p.shape for p in net.collect_params().values()}
+    assert all(resnet50[name] == shape for name, shape in ours.items())
+    later = {name for name, (stage, unit) in ((n, stage_and_unit(n)) for n in resnet50 if stage_and_unit(n))
+             if unit > units[stage - 1]}
+    assert set(resnet50) - set(ours) == later and later

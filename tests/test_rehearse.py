@@ -66,6 +66,7 @@ def test_the_shipped_config_rehearses_end_to_end(tmp_path):
     assert "1 step(s) on synthetic and 1 on real batches ran (stand-in: no figure)" in steps, steps
     assert GPU_ONLY_WORDS in result.stdout and "GPU only" in result.stdout
     assert "8 ranks (1 x 8) -> 2 on this machine" in result.stdout
+    assert "50 -> 26 layers (2 units a stage: its projection unit and an identity unit)" in result.stdout
     assert ", 3 steps an epoch, " in result.stdout  # the stop lands by step 8 (plan.MIN_EPOCHS)
 
 

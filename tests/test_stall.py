@@ -23,7 +23,7 @@ from tests.support.bad_values import fifo
 from tests.support.mllog import events
 from tests.support.procs import (ENV_PATH, PYTHONPATH, ROOT, clean_environ, config_environ, gloo_ranks, mounted,
                                  running, wait_for)
-from tests.support.settings import TINY
+from tests.support.settings import SHRUNK_LAYERS, TINY
 from tests.support import stuck
 from rn50_mx import checkpoint, config, timing
 from rn50_mx.exits import STALLED_EXIT
@@ -36,7 +36,7 @@ FLOOR, FLOOR_TWO_RANKS = 10, 15
 # One process: the tiny set's 24 train images at 32x32, 6 steps an epoch; SGD, a progress line (a read) every step.
 TINY_RUN = ["--num-classes", "3", "--image-shape", "3,32,32", "--batch-size", "4", "--warmup-epochs", "0",
             "--optimizer", "sgd", "--lr", "0.1", "--seed", "7", "--disp-batches", "1", "--dali-threads", "1",
-            "--accuracy-threshold", "1.0", "--stall-seconds", str(FLOOR)]
+            "--accuracy-threshold", "1.0", "--stall-seconds", str(FLOOR), "--num-layers", str(SHRUNK_LAYERS)]
 SYNTHETIC = [*TINY_RUN, "--synthetic", "1", "--num-examples", "64", "--num-epochs", "1", "--eval-offset", "0"]
 STALLED = re.compile(r"^(?:\[\d+\]<stderr>:)?rn50_mx\.train: stalled: (rank (\d+) made no progress for ([\d.]+) s in "
                      r"([a-z -]+?) (?:before run_start|at epoch (\d+) step (\d+)) \(bound ([\d.]+) s\)): "

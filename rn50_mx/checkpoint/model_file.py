@@ -13,7 +13,7 @@ from .disk import first_line, fsync_path, read_json
 MODEL_FILES = ("-0000.params", "-symbol.json", "-settings.json")
 # What a network was built for: evaluated with others, it fails in MXNet or, for the image side, gives another top-1
 # in silence. PATH-settings.json records them for a saved model, meta.json for a checkpoint.
-MODEL_FIELDS = ("image_shape", "num_classes", "input_layout")
+MODEL_FIELDS = ("image_shape", "num_classes", "input_layout", "num_layers")
 # A checkpoint's arrays go into a network evaluate builds from its settings: one of another dtype would round them
 # (a float32 run's weights evaluated in bfloat16) and score another model than the run's. A saved model keeps its own
 # types in its files.

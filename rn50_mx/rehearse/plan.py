@@ -1,8 +1,8 @@
 """What a rehearsal runs: the sourced config shrunk to seconds, on generated records or the user's.
 
-Only sizes shrink (images, batch, examples, epochs, ranks, DALI's threads and queue); every switch of the config
-(device, dtype, layout, NormConv, fused BatchNorm, optimizer, open levers, eval schedule) stays as it is, so that
-the same code runs as on the GPU. Each shrink is said in the report."""
+Only sizes shrink (images, units a stage, batch, examples, epochs, ranks, DALI's threads and queue); every switch of
+the config (device, dtype, layout, NormConv, fused BatchNorm, optimizer, open levers, eval schedule) stays as it is,
+so that the same code runs as on the GPU. Each shrink is said in the report."""
 import dataclasses
 import os
 
@@ -15,6 +15,7 @@ from ..prep_rec.folders import pack_train_val
 from .stages import CYCLE_MS
 
 SIDE = 64  # pixels of the shrunk training crop: every stage of ResNet-50 still has a 2x2 map
+LAYERS = 26  # --num-layers: 2 bottlenecks a stage, its projection unit and an identity unit (ResNet-50: 3 to 6)
 BATCH = 4  # images per rank per step
 STEPS = 3  # steps per epoch
 QUICK_STEPS = 2  # per epoch with --quick, which stops nothing: the same epochs and evals, a third fewer stand-in steps
@@ -63,9 +64,9 @@ def shrink(s, ranks, data, steps=STEPS):
     factor = SIDE / h
     epochs = first_eval_from(s, MIN_EPOCHS - 1) + 1
     flags = dict(standin="gpu", data_train=data["train"], data_val=data["val"], image_shape=f"{c},{SIDE},{SIDE}",
-                 batch_size=BATCH, num_examples=ranks * BATCH * steps, num_epochs=epochs, max_epochs=0,
-                 warmup_epochs=min(s.warmup_epochs, 1), accuracy_threshold=1.0, dgxnnodes=1, dgxngpu=ranks,
-                 kv_store="horovod", dali_threads=1, dali_prefetch_queue=2, seed=1, disp_batches=1,
+                 num_layers=LAYERS, batch_size=BATCH, num_examples=ranks * BATCH * steps, num_epochs=epochs,
+                 max_epochs=0, warmup_epochs=min(s.warmup_epochs, 1), accuracy_threshold=1.0, dgxnnodes=1,
+                 dgxngpu=ranks, kv_store="horovod", dali_threads=1, dali_prefetch_queue=2, seed=1, disp_batches=1,
                  val_crop=scaled(s.val_crop, factor, least=config.MIN_IMAGE_SIDE),
                  prog_start_side=scaled(s.prog_start_side, factor, 16, config.MIN_PROG_SIDE),
                  prog_step=16 if s.prog_start_side else s.prog_step, ema_every=min(s.ema_every, steps),
@@ -77,7 +78,8 @@ def shrink(s, ranks, data, steps=STEPS):
     except config.SettingsError as err:
         raise Limit(f"the rehearsal cannot shrink this config ({err}): a limit of its plan (rn50_mx/rehearse/plan.py), "
                     "not a fault of the config, which python -m rn50_mx.check judges") from None
-    shrunk = [f"images {h} -> {SIDE} px (val crop, progressive sides alike), batch {s.batch_size} -> {BATCH} a rank, "
+    shrunk = [f"images {h} -> {SIDE} px (val crop, progressive sides alike), {s.num_layers} -> {LAYERS} layers (2 "
+              f"units a stage: its projection unit and an identity unit), batch {s.batch_size} -> {BATCH} a rank, "
               f"{steps} steps an epoch, {s.epoch_limit} -> {epochs} epochs (evals kept on their schedule), warmup "
               f"{s.warmup_epochs:g} -> {flags['warmup_epochs']:g}, no target (top-1 1.0)",
               f"{s.world_size} ranks ({s.dgxnnodes} x {s.dgxngpu}) -> {ranks} on this machine, Gloo in place of NCCL, "

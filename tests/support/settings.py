@@ -6,9 +6,14 @@ from rn50_mx.config import Settings
 from rn50_mx.rehearse.stages import CYCLE_MS
 from tests.support.data import TINY_CLASSES
 
+# The depth of the tests' trainings (--num-layers): one bottleneck a stage, ResNet-50's code on a network that trains
+# in half the CPU (a 2-epoch run of runs.FLAGS: 1.9 CPU-seconds against 3.5 at 50, and 2.45 at 26). What they assert is
+# about runs (a stop, a resume, a log, a launch), not the network: test_model and test_optim build ResNet-50 itself.
+SHRUNK_LAYERS = 14
 # config/CPU.sh shrunk to a few seconds per trial; the threshold is reached at the first eval.
-TINY = {"NUM_CLASSES": str(len(TINY_CLASSES)), "BATCHSIZE": "4", "NUMEPOCHS": "1", "WARMUP_EPOCHS": "0", "DALI_THREADS": "1",
-        "ACCURACY_THRESHOLD": "0.0", "OMP_NUM_THREADS": "1"}
+TINY = {"NUM_CLASSES": str(len(TINY_CLASSES)), "RN50_NUM_LAYERS": str(SHRUNK_LAYERS), "BATCHSIZE": "4",
+        "NUMEPOCHS": "1", "WARMUP_EPOCHS": "0", "DALI_THREADS": "1", "ACCURACY_THRESHOLD": "0.0",
+        "OMP_NUM_THREADS": "1"}
 # The same without dropping the page cache before each trial (the probes and trial tests run many).
 TINY_KEEP_CACHES = {**TINY, "CLEAR_CACHES": "0"}
 # Horovod ranks that a launcher starts (run_and_time.sh's horovodrun, run.sub's srun), polling Horovod's cycle every
@@ -25,8 +30,8 @@ def small_settings(rec_prefix, **changes):
 
 
 # The open-division lever tests' run (test_open, test_progressive): the three_classes set at 32x32, logged as open.
-OPEN = dict(num_classes=3, image_shape="3,32,32", batch_size=4, dali_threads=1, min_random_area=1.0, seed=3,
-            submission_division="open")
+OPEN = dict(num_classes=3, image_shape="3,32,32", num_layers=SHRUNK_LAYERS, batch_size=4, dali_threads=1,
+            min_random_area=1.0, seed=3, submission_division="open")
 
 
 def open_settings(three_classes, **changes):
@@ -36,4 +41,5 @@ def open_settings(three_classes, **changes):
 
 # The run conftest's stopped_checkpoints stops after its first epoch: synthetic, seconds; a resume gives the same flags.
 STOPPED_RUN = ["--synthetic", "1", "--num-examples", "8", "--batch-size", "4", "--num-epochs", "2", "--warmup-epochs",
-               "0", "--eval-offset", "0", "--image-shape", "3,32,32", "--num-classes", "3", "--accuracy-threshold", "1.0"]
+               "0", "--eval-offset", "0", "--image-shape", "3,32,32", "--num-classes", "3", "--accuracy-threshold",
+               "1.0", "--num-layers", str(SHRUNK_LAYERS)]

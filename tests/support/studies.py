@@ -1,6 +1,8 @@
 """Optuna studies of rn50_mx.search as another program, or an earlier driver, could leave them in RESULTS/CPU.db."""
 import os
 
+from tests.support.settings import SHRUNK_LAYERS
+
 
 def planted_study(results, trial_runs=None, finals=None, attrs=None, finished=None, fixed=None):
     """The study 'CPU' in `results`/CPU.db (made here): with `finished` ({knob: value}, or (params, user attributes))
@@ -37,6 +39,6 @@ def search_argv(results, out, data, *extra):
     seed, no finalist: a run that trains only when a trial or a finalist is left to run."""
     return ["--results", str(results), "--out", str(out), "--knob", "EVAL_OFFSET=0:1", "--trials", "1",
             "--final-seeds", "1", "--finalists", "0", "--data-train", f"{data}/train.rec", "--data-val",
-            f"{data}/val.rec", "--num-classes", "5", "--image-shape", "3,32,32", "--batch-size", "4", "--dali-threads",
-            "1", "--num-epochs", "3", "--eval-period", "2", "--eval-offset", "1", "--warmup-epochs", "1",
-            "--accuracy-threshold", "0.3", *extra]
+            f"{data}/val.rec", "--num-classes", "5", "--image-shape", "3,32,32", "--num-layers", str(SHRUNK_LAYERS),
+            "--batch-size", "4", "--dali-threads", "1", "--num-epochs", "3", "--eval-period", "2", "--eval-offset", "1",
+            "--warmup-epochs", "1", "--accuracy-threshold", "0.3", *extra]
