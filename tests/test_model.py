@@ -693,6 +693,5 @@ def test_fewer_layers_are_resnet_50_s_first_units_of_each_stage(net, layers):
     ours = {p.name: p.shape for p in small.collect_params().values()}
     resnet50 = {p.name: p.shape for p in net.collect_params().values()}
     assert all(resnet50[name] == shape for name, shape in ours.items())
-    later = {name for name, (stage, unit) in ((n, stage_and_unit(n)) for n in resnet50 if stage_and_unit(n))
-             if unit > units[stage - 1]}
+    later = {name for name in resnet50 if (at := stage_and_unit(name)) and at[1] > units[at[0] - 1]}
     assert set(resnet50) - set(ours) == later and later
